@@ -1,0 +1,20 @@
+"""The one error type users see: a bad input, named with the fix, exit code 2."""
+
+from __future__ import annotations
+
+
+class ReportError(Exception):
+    """A report k3trace cannot analyse: `problem` says what is wrong, `fix` what to do.
+
+    The CLI prints ``k3trace: <problem>; <fix>`` on one line and exits with code 2.
+    """
+
+    exit_code = 2
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem, fix)
+        self.problem = problem
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.problem}; {self.fix}"

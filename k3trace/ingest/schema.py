@@ -1,0 +1,105 @@
+"""The normalised tables every report becomes, whatever nsys version exported it.
+
+Times are GPU/CPU timestamps in nanoseconds as nsys recorded them (one clock per report).
+Strings are resolved (`StringIds` joins done) and valid UTF-8 (invalid bytes replaced).
+Bump `SCHEMA_VERSION` when a table changes: it is part of the cache key.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+SCHEMA_VERSION = 1
+
+#: One row per kernel execution (CUPTI_ACTIVITY_KIND_KERNEL).
+KERNELS = pl.Schema(
+    {
+        "start": pl.Int64,
+        "end": pl.Int64,
+        "device_id": pl.Int32,
+        "stream_id": pl.Int64,
+        "global_pid": pl.Int64,
+        "correlation_id": pl.Int64,
+        "name": pl.String,           # shortName, e.g. `kda_step_kernel`
+        "graph_node_id": pl.Int64,   # exec-graph node for graph replays; null when eager
+        "graph_id": pl.Int64,        # nsys 2026+ only; null before
+    }
+)
+
+#: One row per CUDA runtime/driver API call (CUPTI_ACTIVITY_KIND_RUNTIME).
+RUNTIME = pl.Schema(
+    {
+        "start": pl.Int64,
+        "end": pl.Int64,
+        "global_tid": pl.Int64,
+        "global_pid": pl.Int64,
+        "correlation_id": pl.Int64,
+        "name": pl.String,           # e.g. `cudaGraphLaunch_v10000`, `cuLaunchKernelEx`
+        "return_value": pl.Int64,
+    }
+)
+
+#: NVTX ranges and marks (NVTX_EVENTS); `end` is null for marks.
+NVTX = pl.Schema(
+    {
+        "start": pl.Int64,
+        "end": pl.Int64,
+        "event_type": pl.Int32,      # 59 push/pop range, 60 start/end range, 34 mark
+        "text": pl.String,           # from `text` or resolved from `textId`
+        "domain": pl.String,         # domain name; "" for the default domain
+        "global_tid": pl.Int64,
+        "global_pid": pl.Int64,
+    }
+)
+
+#: CUDA-graph node events (CUDA_GRAPH_EVENTS / CUDA_GRAPH_NODE_EVENTS): node creation
+#: during capture (no original) and instantiation clones (original = the captured node).
+GRAPH_NODES = pl.Schema(
+    {
+        "start": pl.Int64,
+        "global_tid": pl.Int64,
+        "graph_node_id": pl.Int64,
+        "original_graph_node_id": pl.Int64,
+        "event": pl.String,          # e.g. `Graph Node Creation`
+    }
+)
+
+#: Synchronisation records (CUPTI_ACTIVITY_KIND_SYNCHRONIZATION).
+SYNC = pl.Schema(
+    {
+        "start": pl.Int64,
+        "end": pl.Int64,
+        "global_pid": pl.Int64,
+        "stream_id": pl.Int64,
+        "correlation_id": pl.Int64,
+        "sync_type": pl.Int32,
+    }
+)
+
+#: GPUs (TARGET_INFO_GPU; absent from some 2026 exports).
+GPUS = pl.Schema({"device_id": pl.Int32, "name": pl.String, "sm_count": pl.Int32})
+
+#: Streams (TARGET_INFO_CUDA_STREAM).
+STREAMS = pl.Schema({"stream_id": pl.Int64, "pid": pl.Int64, "priority": pl.Int64})
+
+TABLES: dict[str, pl.Schema] = {
+    "kernels": KERNELS,
+    "runtime": RUNTIME,
+    "nvtx": NVTX,
+    "graph_nodes": GRAPH_NODES,
+    "sync": SYNC,
+    "gpus": GPUS,
+    "streams": STREAMS,
+}
+
+# nsys packs the process id into the upper bits of a global thread id: pid << 24 | tid.
+_PID_MASK = ~((1 << 24) - 1)
+
+
+def global_pid(global_tid: pl.Expr) -> pl.Expr:
+    """The globalPid of a globalTid (same encoding the kernel table's globalPid uses)."""
+    return (global_tid & _PID_MASK).cast(pl.Int64)
+
+
+def empty(table: str) -> pl.DataFrame:
+    return pl.DataFrame(schema=TABLES[table])
