@@ -1,0 +1,140 @@
+"""analyze(): one report's decode-step anatomy, every number as METRICS.md defines it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from k3trace.analyses import completeness, families, kernels, pdl, pre_attention, steptimes
+from k3trace.analyses.completeness import Completeness
+from k3trace.analyses.overlap import StepOverlap, step_overlap
+from k3trace.config import Config
+from k3trace.errors import ReportError
+from k3trace.ingest import Trace
+from k3trace.model.labels import label_kernels, source_counts
+from k3trace.model.stable import classify_steps
+from k3trace.model.steps import assign_steps
+
+JSON_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything `k3trace analyze` reports, as frames plus the scalar summaries."""
+
+    report: str
+    nsys_version: str
+    step_source: str
+    config: Config
+    steps: pl.DataFrame            # every step, classified (stable / drop_reason)
+    kernels: pl.DataFrame          # every kernel of the analysed process, labelled
+    overlap: StepOverlap           # stable-step kernels with exposed time
+    step_times: pl.DataFrame       # stable steps: period, span, host, busy, residency
+    families: pl.DataFrame
+    kernel_table: pl.DataFrame
+    pre_attention: pl.DataFrame    # per (step, full-attention layer)
+    pdl_steps: pl.DataFrame
+    label_sources: dict[str, int]
+    completeness: Completeness
+    step_stats: dict[str, dict[str, float | None]]   # period/span/host/busy/residency quantiles, us
+    pre_attention_summary: dict[str, float | int] | None
+    pdl_summary: dict[str, float]
+    dropped: dict[str, int]                          # dropped steps by reason
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def stable_steps(self) -> int:
+        return self.step_times.height
+
+    def to_json(self) -> dict[str, Any]:
+        q = self.step_stats
+        return {
+            "version": JSON_VERSION,
+            "report": self.report,
+            "nsys_version": self.nsys_version,
+            "steps": {
+                "count": self.stable_steps,
+                "dropped": int(sum(self.dropped.values())),
+                "dropped_by_reason": self.dropped,
+                "total": self.steps.height,
+                "source": self.step_source,
+                "mad_k": self.config.mad_k,
+                "warmup": self.config.warmup_steps,
+                "kernels_per_step": int(self.steps["kernels_expected"][0]),
+                "period_median_us": q["period"]["median"],
+                "span_median_us": q["span"]["median"],
+                "busy_median_us": q["busy"]["median"],
+                "period_us": q["period"],
+                "span_us": q["span"],
+                "host_us": q["host"],
+            },
+            "residency_median_us": q["residency"]["median"],
+            "families": self.families.select(
+                "family", "segments_per_step", "device_busy_us", "two_stream_residency_us", "share_of_busy", "exposed_us"
+            ).rename({"family": "name"}).to_dicts(),
+            "pre_attention_window_us": self.pre_attention_summary,
+            "kernels": self.kernel_table.select(
+                "name", "family", "calls_per_step", "mean_us", "median_us", "hidden_share"
+            ).to_dicts(),
+            "labels": {"sources": self.label_sources},
+            "pdl": self.pdl_summary,
+            "completeness": {"ok": self.completeness.ok, "problems": list(self.completeness.problems)},
+            "notes": list(self.notes),
+        }
+
+
+def analyze(trace: Trace, cfg: Config) -> Analysis:
+    if completeness.graph_level_tracing(trace):
+        raise ReportError(
+            f"{trace.source}: CUDA graphs were traced at graph level (no per-kernel records of the replays)",
+            "record again with `nsys profile --cuda-graph-trace=node`",
+        )
+    assignment = assign_steps(trace, cfg)
+    steps = classify_steps(assignment.steps, cfg)
+    labelled = label_kernels(trace, assignment, cfg)
+    stable_ids = steps.filter(pl.col("stable")).select("step")
+    if stable_ids.is_empty():
+        raise ReportError(
+            f"{trace.source}: none of the {steps.height} decode steps is stable "
+            f"({', '.join(f'{r}: {n}' for r, n in steps.group_by('drop_reason').len().iter_rows())})",
+            "record more steps (warm-up is dropped) or lower [steps] warmup in a --config file",
+        )
+    stable_kernels = labelled.join(stable_ids, on="step", how="semi")
+    overlap = step_overlap(stable_kernels)
+    n = stable_ids.height
+    pairs = pdl.same_stream_pairs(stable_kernels, cfg)
+    notes = []
+    if assignment.other_lanes:
+        notes.append(f"analysed process {assignment.lane[0]} on device {assignment.lane[1]}; "
+                     f"{assignment.other_lanes} other process/device lanes with GPU work were left out")
+    counts = source_counts(labelled)
+    if counts["nvtx"] + counts["graph_capture"] + counts["aligned_eager"] == 0:
+        notes.append("no layer NVTX ranges: families come from kernel-name rules only, layers are unknown")
+    step_times = steptimes.per_step(steps, overlap)
+    pdl_steps = pdl.per_step(pairs)
+    windows = pre_attention.windows(stable_kernels, cfg)
+    dropped = steps.filter(~pl.col("stable")).group_by("drop_reason").len()
+    return Analysis(
+        report=trace.source,
+        nsys_version=trace.nsys_version,
+        step_source=assignment.source,
+        config=cfg,
+        steps=steps,
+        kernels=labelled,
+        overlap=overlap,
+        step_times=step_times,
+        families=families.family_table(overlap, n),
+        kernel_table=kernels.kernel_table(overlap, n),
+        pre_attention=windows,
+        pdl_steps=pdl_steps,
+        label_sources=counts,
+        completeness=completeness.check(trace, steps, cfg, assignment.lane[0]),
+        step_stats={col: steptimes.quantiles_us(step_times[col])
+                    for col in ("period", "span", "host", "busy", "residency")},
+        pre_attention_summary=pre_attention.summary(windows),
+        pdl_summary=pdl.summary(pdl_steps),
+        dropped={str(r): int(c) for r, c in dropped.iter_rows()},
+        notes=tuple(notes),
+    )

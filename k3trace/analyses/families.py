@@ -1,0 +1,48 @@
+"""Per family, per stable step, then the median over steps (METRICS.md, "Per family"):
+segments/step, device_busy, two_stream_residency, share_of_busy, exposed."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from k3trace import intervals
+from k3trace.analyses.overlap import StepOverlap
+
+
+def family_table(overlap: StepOverlap, n_steps: int) -> pl.DataFrame:
+    k = overlap.kernels
+    busy = intervals.union_length(k, ["step", "family"], "device_busy")
+    # A segment's window runs from its first kernel's start to its last kernel's end.
+    windows = k.group_by("step", "family", "segment").agg(pl.col("start").min(), pl.col("end").max())
+    merged = intervals.union(windows, ["step", "family"])
+    resident = (
+        intervals.measure_within(merged, overlap.multi_stream, ["step"], "residency")
+        .group_by("step", "family").agg(pl.col("residency").sum())
+    )
+    per_step = (
+        k.group_by("step", "family")
+        .agg(pl.col("segment").n_unique().alias("segments"), pl.col("exposed").sum(), pl.col("duration").sum())
+        .join(busy, on=["step", "family"], how="left")
+        .join(resident, on=["step", "family"], how="left")
+        .with_columns(pl.col("residency").fill_null(0))
+    )
+    # A family absent from some stable steps counts as zero there (medians over all steps).
+    steps = k.select("step").unique()
+    grid = steps.join(per_step.select("family").unique(), how="cross")
+    full = grid.join(per_step, on=["step", "family"], how="left").fill_null(0)
+    return (
+        full.group_by("family")
+        .agg(
+            pl.col("segments").median().alias("segments_per_step"),
+            (pl.col("device_busy").median() / 1e3).alias("device_busy_us"),
+            (pl.col("residency").median() / 1e3).alias("two_stream_residency_us"),
+            (pl.col("exposed").median() / 1e3).alias("exposed_us"),
+            (pl.col("duration").median() / 1e3).alias("kernel_time_us"),
+        )
+        .with_columns(
+            pl.when(pl.col("device_busy_us") > 0)
+            .then(pl.col("two_stream_residency_us") / pl.col("device_busy_us"))
+            .otherwise(0.0).alias("share_of_busy")
+        )
+        .sort("device_busy_us", descending=True)
+    )

@@ -1,0 +1,42 @@
+"""PDL edges, inferred (METRICS.md, "PDL"): a same-stream pair whose gap is at most a few
+ns (how nsys 2023.4 on CUDA 13 reports a PDL launch), or negative (how other CUPTI
+versions report the overlapped prologue). Other same-stream gaps are reported as gaps."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from k3trace.config import Config
+
+
+def same_stream_pairs(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
+    """Each kernel with its same-stream predecessor in the step: `gap_ns`, `pdl`."""
+    ordered = kernels.sort("step", "stream_id", "start")
+    same = (pl.col("step") == pl.col("step").shift(1)) & (pl.col("stream_id") == pl.col("stream_id").shift(1))
+    return (
+        ordered.with_columns(
+            pl.when(same).then(pl.col("start") - pl.col("end").shift(1)).alias("gap_ns"),
+            pl.col("name").shift(1).alias("prev_name"),
+            pl.col("kernel_id").shift(1).alias("prev_kernel_id"),
+        )
+        .filter(pl.col("gap_ns").is_not_null())
+        .with_columns((pl.col("gap_ns") <= cfg.pdl_max_gap_ns).alias("pdl"))
+    )
+
+
+def per_step(pairs: pl.DataFrame) -> pl.DataFrame:
+    return pairs.group_by("step").agg(
+        pl.col("pdl").sum().alias("pdl_edges"),
+        (~pl.col("pdl")).sum().alias("gaps"),
+        pl.col("gap_ns").filter(~pl.col("pdl")).sum().alias("gap_ns"),
+    ).sort("step")
+
+
+def summary(steps: pl.DataFrame) -> dict[str, float]:
+    if steps.is_empty():
+        return {"edges_per_step": 0.0, "gaps_per_step": 0.0, "gap_us_per_step": 0.0}
+    return {
+        "edges_per_step": float(steps["pdl_edges"].median()),
+        "gaps_per_step": float(steps["gaps"].median()),
+        "gap_us_per_step": float(steps["gap_ns"].median()) / 1e3,
+    }

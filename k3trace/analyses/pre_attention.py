@@ -1,0 +1,45 @@
+"""The pre-attention window of each full-attention layer (METRICS.md): FMHA kernel start
+minus the end of the kernel that completed the residual stream before that layer (the
+last residual kernel of the previous layer; its last kernel when none matches)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from k3trace.config import Config
+
+
+def windows(stable_kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
+    """One row per (stable step, full-attention layer): `window_ns`, the two kernels."""
+    k = stable_kernels.filter(pl.col("layer").is_not_null())
+    fmha = (
+        k.filter(pl.col("family").is_in(cfg.full_attention_families), pl.col("name").str.contains(cfg.fmha_pattern))
+        .sort("start")
+        .group_by("step", "layer", maintain_order=True)
+        .agg(pl.col("start").first().alias("fmha_start"), pl.col("name").first().alias("fmha_kernel"))
+    )
+    if fmha.is_empty():
+        return pl.DataFrame(schema={"step": pl.Int64, "layer": pl.Int64, "window_ns": pl.Int64,
+                                    "fmha_kernel": pl.String, "residual_kernel": pl.String})
+    prev = k.with_columns((pl.col("layer") + 1).alias("next_layer"), pl.col("name").str.contains(cfg.residual_pattern).alias("is_residual"))
+    # Prefer residual-pattern kernels; within the preferred set, the last to end.
+    completing = (
+        prev.sort("is_residual", "end")
+        .group_by("step", "next_layer", maintain_order=True)
+        .agg(pl.col("end").last().alias("residual_end"), pl.col("name").last().alias("residual_kernel"))
+        .rename({"next_layer": "layer"})
+    )
+    return (
+        fmha.join(completing, on=["step", "layer"], how="inner")
+        .select("step", "layer", (pl.col("fmha_start") - pl.col("residual_end")).alias("window_ns"),
+                "fmha_kernel", "residual_kernel")
+        .sort("step", "layer")
+    )
+
+
+def summary(w: pl.DataFrame) -> dict[str, float | int] | None:
+    """Median over layers x stable steps (null when the trace has no full-attention layer)."""
+    if w.is_empty():
+        return None
+    return {"median": float(w["window_ns"].median()) / 1e3, "count": w.height,
+            "layers": int(w["layer"].n_unique())}

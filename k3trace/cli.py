@@ -1,0 +1,142 @@
+"""The `k3trace` command: thin wrappers over the library. The only module that reads the
+environment (K3TRACE_NSYS, XDG_CACHE_HOME) and the only one that exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from k3trace.config import Config, load_config
+from k3trace.errors import ReportError
+from k3trace.ingest import Tools, Trace, load_report
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Critical-path and two-stream analysis of LLM decode steps from Nsight Systems traces.")
+err = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the commands take from the machine: resolved once, passed down."""
+
+    cache_dir: Path | None
+    tools: Tools
+
+    @classmethod
+    def resolve(cls, cache_dir: Optional[Path], no_cache: bool) -> "Environment":
+        if no_cache:
+            folder = None
+        elif cache_dir is not None:
+            folder = cache_dir
+        else:
+            base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+            folder = Path(base) / "k3trace"
+        nsys = os.environ.get("K3TRACE_NSYS") or shutil.which("nsys")
+        return cls(cache_dir=folder, tools=Tools(nsys=nsys))
+
+
+@contextmanager
+def _progress(label: str) -> Iterator:
+    """A spinner on stderr, shown only when ingest takes longer than a second."""
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                        console=err, transient=True)
+    task = progress.add_task(f"{label}: starting", total=None)
+    timer = threading.Timer(1.0, progress.start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield lambda phase: progress.update(task, description=f"{label}: {phase}")
+    finally:
+        timer.cancel()
+        progress.stop()
+
+
+def load(path: Path, env: Environment) -> Trace:
+    with _progress(path.name) as update:
+        return load_report(path, cache_dir=env.cache_dir, tools=env.tools, progress=update)
+
+
+def fail(exc: Exception) -> None:
+    if isinstance(exc, ReportError):
+        err.print(f"k3trace: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(ReportError.exit_code)
+    err.print(f"k3trace: internal error: {type(exc).__name__}: {exc} "
+              "(set K3TRACE_DEBUG=1 for the traceback)", markup=False, highlight=False, soft_wrap=True)
+    if os.environ.get("K3TRACE_DEBUG"):
+        raise exc
+    raise typer.Exit(1)
+
+
+CacheDir = typer.Option(None, "--cache-dir", help="Where normalised traces are cached (default: XDG cache).")
+NoCache = typer.Option(False, "--no-cache", help="Neither read nor write the cache.")
+ConfigOpt = typer.Option(None, "--config", help="TOML file overriding k3trace's K3 defaults.")
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    report: Path
+    json: bool
+    config: Config
+    env: Environment
+
+
+def run_analyze(opts: AnalyzeOptions) -> None:
+    from k3trace.analyses import analyze
+    from k3trace.render.terminal import render_analysis
+
+    analysis = analyze(load(opts.report, opts.env), opts.config)
+    if opts.json:
+        sys.stdout.write(json.dumps(analysis.to_json(), indent=2) + "\n")
+    else:
+        Console().print(render_analysis(analysis))
+
+
+@app.command("analyze")
+def analyze_cmd(
+    report: Path = typer.Argument(..., help=".nsys-rep, .qdstrm, SQLite or parquetdir export (optionally compressed)."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    config: Optional[Path] = ConfigOpt,
+    cache_dir: Optional[Path] = CacheDir,
+    no_cache: bool = NoCache,
+) -> None:
+    """A decode step's anatomy: steps, families, two-stream residency, exposed time, PDL."""
+    try:
+        run_analyze(AnalyzeOptions(report, json_out, load_config(config), Environment.resolve(cache_dir, no_cache)))
+    except typer.Exit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the CLI boundary turns every failure into one line
+        fail(exc)
+
+
+@app.command("scrub")
+def scrub_cmd(
+    report: Path = typer.Argument(..., help="SQLite export to scrub (never modified)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Scrubbed SQLite file to write."),
+) -> None:
+    """Remove the environment and host data a report carries, before sharing it."""
+    from k3trace.scrub import scrub
+
+    try:
+        summary = scrub(report, output)
+    except Exception as exc:  # noqa: BLE001
+        fail(exc)
+    err.print(f"wrote {output.name}: " + ", ".join(f"{k} {v}" for k, v in summary.items()), markup=False)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,1 @@
+"""Steps, stable steps, layer/family labels and segments over an ingested trace."""

@@ -1,0 +1,189 @@
+"""Decode steps: from graph replays, from NVTX step ranges, or from the period of the
+repeating kernel sequence, in that order of preference (METRICS.md, "Decode step").
+
+Every kernel gets `step` (null outside any step), `eager_step` (the NVTX step range an
+eager launch sat in: the annotated eager step labels graph replays by alignment) and
+`launch_rank` (its position in launch order inside the step: capture order for graph
+replays, call order for eager launches, start order when neither is known).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from k3trace.config import Config
+from k3trace.errors import ReportError
+from k3trace.ingest import Trace
+from k3trace.model.launches import capture_nodes, kernels_with_launch
+
+GRAPH, NVTX, PERIOD = "graph", "nvtx", "period"
+
+
+@dataclass(frozen=True)
+class StepAssignment:
+    source: str                # graph | nvtx | period
+    kernels: pl.DataFrame      # every kernel of the analysed process and device
+    steps: pl.DataFrame        # step, first_start, last_end, kernels, signature
+    lane: tuple[int, int]      # (global_pid, device_id) analysed
+    other_lanes: int           # processes/devices with GPU work that were not analysed
+
+
+def _dominant_lane(kernels: pl.DataFrame) -> tuple[tuple[int, int], int]:
+    lanes = kernels.group_by("global_pid", "device_id").len().sort("len", "global_pid", descending=[True, False])
+    if lanes.is_empty():
+        raise ReportError("the report holds no kernel records",
+                          "record GPU work with `nsys profile -t cuda,nvtx --cuda-graph-trace=node`")
+    return (int(lanes["global_pid"][0]), int(lanes["device_id"][0])), lanes.height - 1
+
+
+def step_ranges(trace: Trace, cfg: Config, pid: int) -> pl.DataFrame:
+    """NVTX ranges matching the step pattern on the analysed process, in time order."""
+    return (
+        trace.nvtx.filter(
+            pl.col("global_pid") == pid, pl.col("end").is_not_null(),
+            pl.col("text").str.contains(cfg.step_nvtx_pattern),
+        )
+        .sort("start")
+        .select(pl.int_range(pl.len(), dtype=pl.Int64).alias("range_index"),
+                pl.col("start").alias("range_start"), pl.col("end").alias("range_end"),
+                pl.col("global_tid").alias("launch_tid"))
+    )
+
+
+def _in_ranges(kernels: pl.DataFrame, ranges: pl.DataFrame) -> pl.Series:
+    """For each kernel, the index of the step range its launch call sits in (or null)."""
+    keyed = kernels.select("kernel_id", "launch_tid", "launch_start").filter(pl.col("launch_start").is_not_null())
+    if ranges.is_empty() or keyed.is_empty():
+        return pl.Series("range_index", [None] * kernels.height, dtype=pl.Int64)
+    hit = (
+        keyed.sort("launch_start")
+        .join_asof(ranges.sort("range_start"), left_on="launch_start", right_on="range_start",
+                   by="launch_tid", strategy="backward", check_sortedness=False)
+        .filter(pl.col("launch_start") <= pl.col("range_end"))
+        .select("kernel_id", "range_index")
+    )
+    return kernels.select("kernel_id").join(hit, on="kernel_id", how="left").sort("kernel_id")["range_index"]
+
+
+def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
+    all_kernels = kernels_with_launch(trace)
+    lane, others = _dominant_lane(all_kernels)
+    kernels = all_kernels.filter(pl.col("global_pid") == lane[0], pl.col("device_id") == lane[1])
+    nodes = capture_nodes(trace)
+    kernels = kernels.join(nodes, on="graph_node_id", how="left").sort("kernel_id")
+    ranges = step_ranges(trace, cfg, lane[0])
+    range_index = _in_ranges(kernels, ranges)
+    eager = kernels["graph_node_id"].is_null()
+    kernels = kernels.with_columns(
+        pl.when(eager).then(range_index).otherwise(None).alias("eager_step")
+    )
+
+    graph_kernels = kernels.filter(pl.col("graph_node_id").is_not_null())
+    if not graph_kernels.is_empty():
+        source = GRAPH
+        step_key = (
+            graph_kernels.group_by("correlation_id")
+            .agg(pl.col("start").min().alias("first_start"))
+            .sort("first_start")
+            .with_row_index("step")
+            .select(pl.col("step").cast(pl.Int64), "correlation_id")
+        )
+        kernels = kernels.join(
+            step_key, on="correlation_id", how="left"
+        ).with_columns(pl.when(pl.col("graph_node_id").is_not_null()).then(pl.col("step")).alias("step"))
+        # The captured node's id is its launch order in the graph (exec ids when no capture event).
+        order = pl.coalesce("capture_node_id", "graph_node_id")
+        kernels = kernels.with_columns(
+            pl.when(pl.col("step").is_not_null()).then(order).otherwise(pl.col("launch_start")).alias("order_key")
+        )
+        signature = (pl.col("graph_node_id").min() // (1 << 32)).cast(pl.String)
+    elif range_index.drop_nulls().len() > 0:
+        source = NVTX
+        kernels = kernels.with_columns(
+            range_index.alias("step"), pl.col("launch_start").alias("order_key")
+        )
+        signature = None
+    else:
+        source = PERIOD
+        kernels = kernels.with_columns(_period_steps(kernels).alias("step"), pl.col("start").alias("order_key"))
+        signature = None
+
+    kernels = kernels.sort("kernel_id").with_columns(
+        pl.col("order_key").rank("ordinal").over("step").cast(pl.Int64).sub(1).alias("launch_rank")
+    ).with_columns(
+        pl.when(pl.col("step").is_null()).then(
+            pl.col("launch_start").rank("ordinal").over("eager_step").cast(pl.Int64).sub(1)
+        ).otherwise(pl.col("launch_rank")).alias("launch_rank")
+    ).drop("order_key")
+
+    steps = _step_table(kernels, signature)
+    if steps.is_empty():
+        raise ReportError(
+            f"{trace.source}: no decode steps found (no graph replays, no NVTX ranges matching "
+            f"{cfg.step_nvtx_pattern!r}, no repeating kernel sequence)",
+            "record a decode loop of several steps, or set [steps] nvtx_pattern in a --config file",
+        )
+    return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others)
+
+
+def _step_table(kernels: pl.DataFrame, signature: pl.Expr | None) -> pl.DataFrame:
+    stepped = kernels.filter(pl.col("step").is_not_null())
+    # Without graph ids a step's signature is its kernel-name sequence in launch order.
+    sig = signature if signature is not None else (
+        pl.col("name").sort_by("launch_rank").str.join("|").hash().cast(pl.String)
+    )
+    return (
+        stepped.group_by("step")
+        .agg(
+            pl.col("start").min().alias("first_start"),
+            pl.col("end").max().alias("last_end"),
+            pl.len().alias("kernels"),
+            sig.alias("signature"),
+        )
+        .sort("step")
+    )
+
+
+def _period_steps(kernels: pl.DataFrame) -> pl.Series:
+    """Steps as periods of the repeating kernel-name sequence.
+
+    The period is the index distance at which names that occur once per step recur
+    (their occurrence gaps are constant); the step boundary is the phase with the largest
+    median idle gap before it, where the host hands over from one step to the next.
+    """
+    ordered = kernels.sort("start", "kernel_id")
+    codes = ordered["name"].cast(pl.Categorical).to_physical().to_numpy()
+    n = len(codes)
+    none = pl.Series("step", [None] * kernels.height, dtype=pl.Int64)
+    if n < 6:
+        return none
+    occ = pl.DataFrame({"code": codes, "pos": np.arange(n)}).with_columns(
+        (pl.col("pos") - pl.col("pos").shift(1).over("code")).alias("gap")
+    ).drop_nulls("gap")
+    regular = (
+        occ.group_by("code")
+        .agg(pl.col("gap").mode().first().alias("period"), (pl.col("gap") == pl.col("gap").mode().first()).mean().alias("share"),
+             pl.len().alias("count"))
+        .filter(pl.col("count") >= 2, pl.col("share") >= 0.9, pl.col("period") > 1)
+    )
+    if regular.is_empty():
+        return none
+    period = int(regular.group_by("period").len().sort("len", "period", descending=[True, False])["period"][0])
+    if n < 2 * period:
+        return none
+    starts = ordered["start"].to_numpy()
+    ends_cummax = np.maximum.accumulate(ordered["end"].to_numpy())
+    idle = np.empty(n)
+    idle[0] = 0
+    idle[1:] = starts[1:] - ends_cummax[:-1]
+    usable = (n // period) * period
+    phase = int(np.argmax(np.median(idle[:usable].reshape(-1, period), axis=0)))
+    step = np.where(np.arange(n) >= phase, (np.arange(n) - phase) // period, -1)
+    step_series = pl.Series("step", step, dtype=pl.Int64)
+    by_kernel = pl.DataFrame({"kernel_id": ordered["kernel_id"], "step": step_series}).with_columns(
+        pl.when(pl.col("step") >= 0).then(pl.col("step")).alias("step")
+    )
+    return kernels.select("kernel_id").join(by_kernel, on="kernel_id", how="left").sort("kernel_id")["step"]

@@ -1,0 +1,1 @@
+"""Renderers: rich tables, JSON, plotly figures, the HTML report. They never compute."""

@@ -1,0 +1,86 @@
+"""Rich tables for the terminal. Renders what the analysis computed; computes nothing."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from k3trace.analyses import Analysis
+
+
+def _us(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def steps_panel(a: Analysis) -> RenderableType:
+    q = a.step_stats
+    t = Table(title=None, show_edge=False, box=None, pad_edge=False)
+    t.add_column("per stable step (us)")
+    for col in ("median", "p90", "p99"):
+        t.add_column(col, justify="right")
+    for label, key in (("period (ITL proxy)", "period"), ("span", "span"), ("host share", "host"),
+                       ("GPU busy", "busy"), ("two-stream residency", "residency")):
+        t.add_row(label, *(_us(q[key][c], 2) for c in ("median", "p90", "p99")))
+    dropped = ", ".join(f"{n} {r}" for r, n in sorted(a.dropped.items())) or "none"
+    head = Text.assemble(
+        (f"{a.report}", "bold"), f"  nsys {a.nsys_version}\n",
+        f"{a.stable_steps} stable steps of {a.steps.height} (source: {a.step_source}; dropped: {dropped}; "
+        f"k = {a.config.mad_k:g} MAD), {int(a.steps['kernels_expected'][0])} kernels per step",
+    )
+    return Panel(Group(head, t), title="decode steps", expand=False)
+
+
+def family_table(a: Analysis) -> RenderableType:
+    t = Table(title="families (median over stable steps)")
+    for col, just in (("family", "left"), ("segments/step", "right"), ("device busy us", "right"),
+                      ("2-stream residency us", "right"), ("share of busy", "right"), ("exposed us", "right")):
+        t.add_column(col, justify=just)
+    for r in a.families.iter_rows(named=True):
+        t.add_row(r["family"], f"{r['segments_per_step']:g}", _us(r["device_busy_us"]),
+                  _us(r["two_stream_residency_us"]), _share(r["share_of_busy"]), _us(r["exposed_us"]))
+    return t
+
+
+def kernel_table(a: Analysis, top: int = 15) -> RenderableType:
+    t = Table(title=f"kernels (top {top} by busy time per step)")
+    for col, just in (("kernel", "left"), ("family", "left"), ("calls/step", "right"), ("mean us", "right"),
+                      ("median us", "right"), ("busy us/step", "right"), ("hidden", "right")):
+        t.add_column(col, justify=just, overflow="ellipsis", max_width=48 if col == "kernel" else None)
+    for r in a.kernel_table.head(top).iter_rows(named=True):
+        t.add_row(r["name"], r["family"], f"{r['calls_per_step']:g}", _us(r["mean_us"], 2), _us(r["median_us"], 2),
+                  _us(r["busy_per_step_us"]), _share(r["hidden_share"]))
+    return t
+
+
+def details(a: Analysis) -> RenderableType:
+    lines = []
+    pre = a.pre_attention_summary
+    lines.append(
+        "pre-attention window: " + ("no full-attention layer" if pre is None else
+                                    f"median {pre['median']:.2f} us over {pre['count']} layer x step pairs "
+                                    f"({pre['layers']} layers)")
+    )
+    p = a.pdl_summary
+    lines.append(f"PDL edges: {p['edges_per_step']:g} per step; other same-stream gaps: {p['gaps_per_step']:g} "
+                 f"per step, {p['gap_us_per_step']:.1f} us summed over streams")
+    lines.append("labels: " + ", ".join(f"{s} {n}" for s, n in a.label_sources.items()))
+    lines.extend(f"note: {n}" for n in a.notes)
+    return Text("\n".join(lines))
+
+
+def completeness(a: Analysis) -> RenderableType:
+    if a.completeness.ok:
+        return Text("capture complete: every step holds the dominant step's kernels, every launch has a GPU record",
+                    style="green")
+    return Panel(Text("\n".join(f"- {p}" for p in a.completeness.problems)), title="INCOMPLETE CAPTURE",
+                 border_style="red", expand=False)
+
+
+def render_analysis(a: Analysis) -> RenderableType:
+    return Group(steps_panel(a), family_table(a), kernel_table(a), details(a), completeness(a))
