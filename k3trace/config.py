@@ -31,6 +31,7 @@ class Config:
     residual_pattern: str
     full_attention_families: tuple[str, ...]
     pdl_max_gap_ns: int
+    pdl_max_overlap_ns: int
     silent_stretch_ns: int
 
     @classmethod
@@ -49,6 +50,7 @@ class Config:
             residual_pattern=patterns["residual"],
             full_attention_families=tuple(patterns["full_attention_families"]),
             pdl_max_gap_ns=int(pdl["max_gap_ns"]),
+            pdl_max_overlap_ns=int(pdl["max_overlap_ns"]),
             silent_stretch_ns=int(float(comp["silent_stretch_ms"]) * 1e6),
         )
         for pattern in (cfg.step_nvtx_pattern, cfg.layer_pattern, cfg.fmha_pattern, cfg.residual_pattern,

@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from k3trace.analyses import completeness, families, kernels, pdl, pre_attention, steptimes
+from k3trace.analyses import completeness, critical_path, families, kernels, pdl, pre_attention, stepgraph, steptimes
 from k3trace.analyses.completeness import Completeness
 from k3trace.analyses.overlap import StepOverlap, step_overlap
 from k3trace.config import Config
@@ -36,6 +36,9 @@ class Analysis:
     kernel_table: pl.DataFrame
     pre_attention: pl.DataFrame    # per (step, full-attention layer)
     pdl_steps: pl.DataFrame
+    path: pl.DataFrame             # stable-step kernels with dependency edges and on_path/critical/bubble
+    path_steps: pl.DataFrame       # per stable step: path kernels, bubbles, PDL edges on the path
+    graph: stepgraph.StepGraph     # the representative step's replayable dependency graph
     label_sources: dict[str, int]
     completeness: Completeness
     step_stats: dict[str, dict[str, float | None]]   # period/span/host/busy/residency quantiles, us
@@ -47,6 +50,16 @@ class Analysis:
     @property
     def stable_steps(self) -> int:
         return self.step_times.height
+
+    def critical_summary(self) -> dict[str, Any]:
+        ps = self.path_steps
+        return {
+            "kernels_on_path_median": float(ps["path_kernels"].median()),
+            "bubble_us_median": float(ps["bubble_ns"].median()) / 1e3,
+            "bubbles_median": float(ps["bubbles"].median()),
+            "pdl_edges_on_path_median": float(ps["pdl_edges_on_path"].median()),
+            "families": self.families.select("family", "critical_us").rename({"family": "name"}).to_dicts(),
+        }
 
     def to_json(self) -> dict[str, Any]:
         q = self.step_stats
@@ -72,14 +85,17 @@ class Analysis:
             },
             "residency_median_us": q["residency"]["median"],
             "families": self.families.select(
-                "family", "segments_per_step", "device_busy_us", "two_stream_residency_us", "share_of_busy", "exposed_us"
+                "family", "segments_per_step", "device_busy_us", "two_stream_residency_us", "share_of_busy", "exposed_us",
+                "critical_us",
             ).rename({"family": "name"}).to_dicts(),
             "pre_attention_window_us": self.pre_attention_summary,
             "kernels": self.kernel_table.select(
-                "name", "family", "calls_per_step", "mean_us", "median_us", "hidden_share"
+                "name", "family", "calls_per_step", "mean_us", "median_us", "hidden_share", "busy_per_step_us",
+                "exposed_per_step_us", "critical_us", "slack_us",
             ).to_dicts(),
             "labels": {"sources": self.label_sources},
             "pdl": self.pdl_summary,
+            "critical_path": self.critical_summary(),
             "completeness": {"ok": self.completeness.ok, "problems": list(self.completeness.problems)},
             "notes": list(self.notes),
         }
@@ -113,6 +129,16 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
     if counts["nvtx"] + counts["graph_capture"] + counts["aligned_eager"] == 0:
         notes.append("no layer NVTX ranges: families come from kernel-name rules only, layers are unknown")
     step_times = steptimes.per_step(steps, overlap)
+    path = critical_path.walk(critical_path.dependency_edges(stable_kernels, cfg), steps)
+    graph = stepgraph.build(path)
+    slack = graph.nodes.with_columns(pl.Series("slack_ns", stepgraph.slack(graph))).group_by("name", "family").agg(
+        (pl.col("slack_ns").min() / 1e3).alias("slack_us"))
+    family_rows = families.family_table(overlap, n).join(critical_path.by_family(path), on="family", how="left")
+    kernel_rows = (
+        kernels.kernel_table(overlap, n)
+        .join(critical_path.by_kernel(path), on=["name", "family"], how="left")
+        .join(slack, on=["name", "family"], how="left")
+    )
     pdl_steps = pdl.per_step(pairs)
     windows = pre_attention.windows(stable_kernels, cfg)
     dropped = steps.filter(~pl.col("stable")).group_by("drop_reason").len()
@@ -125,8 +151,11 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
         kernels=labelled,
         overlap=overlap,
         step_times=step_times,
-        families=families.family_table(overlap, n),
-        kernel_table=kernels.kernel_table(overlap, n),
+        families=family_rows,
+        kernel_table=kernel_rows,
+        path=path,
+        path_steps=critical_path.per_step(path),
+        graph=graph,
         pre_attention=windows,
         pdl_steps=pdl_steps,
         label_sources=counts,
