@@ -121,14 +121,14 @@ def analyze_cmd(
 
 @app.command("scrub")
 def scrub_cmd(
-    report: Path = typer.Argument(..., help="SQLite export to scrub (never modified)."),
-    output: Path = typer.Option(..., "-o", "--output", help="Scrubbed SQLite file to write."),
+    report: Path = typer.Argument(..., help="Report to scrub: .nsys-rep, .qdstrm or SQLite export (never modified)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Scrubbed SQLite file to write (.xz/.gz: compressed)."),
 ) -> None:
     """Remove the environment and host data a report carries, before sharing it."""
     from k3trace.scrub import scrub
 
     try:
-        summary = scrub(report, output)
+        summary = scrub(report, output, Environment.resolve(None, True).tools)
     except Exception as exc:  # noqa: BLE001
         fail(exc)
     err.print(f"wrote {output.name}: " + ", ".join(f"{k} {v}" for k, v in summary.items()), markup=False)

@@ -11,13 +11,18 @@ command-line paths, and the exporter's host, user and file paths.
 
 from __future__ import annotations
 
+import gzip
+import lzma
 import os
 import re
 import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 from k3trace.errors import ReportError
+from k3trace.ingest import Tools
+from k3trace.ingest.report import materialise
 
 SCRUBBED = "[scrubbed]"
 _ENV_IN_BLOCK = re.compile(rb"(?:^|\x00)[A-Za-z_][A-Za-z0-9_]*=")
@@ -112,31 +117,37 @@ def scrub_connection(con: sqlite3.Connection) -> dict[str, int]:
     return done
 
 
-def scrub(src: Path, dst: Path) -> dict[str, int]:
-    """Write a scrubbed copy of the SQLite export `src` to `dst` (atomically)."""
+def scrub(src: Path, dst: Path, tools: Tools = Tools()) -> dict[str, int]:
+    """Write a scrubbed SQLite copy of the report `src` (any form `load_report` reads) to
+    `dst`, atomically; `dst` ending in .xz or .gz is compressed."""
     src, dst = Path(src), Path(dst)
-    if not src.is_file():
-        raise ReportError(f"{src.name}: no such file", "pass an SQLite export (`nsys export -t sqlite REPORT`)")
-    with open(src, "rb") as fh:
-        if fh.read(16) != b"SQLite format 3\x00":
-            raise ReportError(f"{src.name} is not an SQLite export",
-                              "export the report first: `nsys export -t sqlite REPORT.nsys-rep`")
+    if not src.exists():
+        raise ReportError(f"{src.name}: no such file", "pass a report or its SQLite export")
     if dst.exists() and dst.resolve() == src.resolve():
         raise ReportError("the output would overwrite the input", "pass a different -o path")
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    shutil.copyfile(src, tmp)
-    try:
-        con = sqlite3.connect(tmp)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".k3trace-scrub-", dir=dst.parent) as work:
+        readable, form = materialise(src, Path(work), tools)
+        if readable.is_dir():
+            raise ReportError(f"{src.name} is a parquetdir export", "scrub the .nsys-rep or its SQLite export instead")
+        copy = Path(work) / "scrubbed.sqlite"
+        shutil.copyfile(readable, copy)
         try:
-            with con:
-                summary = scrub_connection(con)
-            con.execute("VACUUM")
-        finally:
-            con.close()
-        os.replace(tmp, dst)
-    except sqlite3.DatabaseError as exc:
-        raise ReportError(f"{src.name}: cannot scrub ({exc})", "the export is corrupt; export the report again") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+            con = sqlite3.connect(copy)
+            try:
+                with con:
+                    summary = scrub_connection(con)
+                con.execute("VACUUM")
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as exc:
+            raise ReportError(f"{src.name}: cannot scrub ({exc})", "the export is corrupt; export the report again") from None
+        final = Path(work) / "out"
+        opener = {".xz": lzma.open, ".gz": gzip.open}.get(dst.suffix.lower())
+        if opener is None:
+            os.replace(copy, final)
+        else:
+            with open(copy, "rb") as fin, opener(final, "wb") as fout:
+                shutil.copyfileobj(fin, fout, length=1 << 22)
+        os.replace(final, dst)
     return summary

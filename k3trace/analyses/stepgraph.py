@@ -17,19 +17,25 @@ import polars as pl
 
 from k3trace.analyses.critical_path import JOIN, LAUNCH, STREAM
 
+#: Edge slots per node: the stream predecessor and the cross-stream join; the diff uses the
+#: rest to wire in another build's edges (an added kernel in front of an old one, a matched
+#: kernel's new stream predecessor and join) without changing the graph between variants.
+STREAM_SLOT, JOIN_SLOT, EXTRA_SLOT, NEW_STREAM_SLOT, NEW_JOIN_SLOT = 0, 1, 2, 3, 4
+SLOTS = 5
+NEVER = -1e18  # lag of an edge that must never bind
+
 
 @dataclass(frozen=True)
 class StepGraph:
-    """Nodes in topological (start) order; predecessor indices are -1 where absent."""
+    """Nodes in topological order (`order`); predecessor index -1 where absent."""
 
     nodes: pl.DataFrame          # launch_rank, name, family, layer, stream_id, start, duration, binding, pdl
-    stream_pred: np.ndarray      # int64 [n]
-    join_pred: np.ndarray        # int64 [n]
+    preds: np.ndarray            # int64 [n, SLOTS]
+    lags: np.ndarray             # float64 [n, SLOTS]: gap after each predecessor (0 unless binding)
     launch_at: np.ndarray        # float64 [n]: CPU release relative to the step start (ns)
-    stream_lag: np.ndarray       # float64 [n]: gap after the stream predecessor (0 unless binding)
-    join_lag: np.ndarray         # float64 [n]
     launch_lag: np.ndarray       # float64 [n]
     duration: np.ndarray         # float64 [n]
+    order: np.ndarray            # int64 [n]: a topological order of the nodes
 
     @property
     def size(self) -> int:
@@ -60,68 +66,67 @@ def build(path: pl.DataFrame) -> StepGraph:
     def indices(col: str) -> np.ndarray:
         return np.array([index_of.get(v, -1) if v is not None else -1 for v in rep[col].to_list()], dtype=np.int64)
 
+    n = rep.height
     binding = rep["binding"].to_numpy()
     lag = rep["median_lag"].fill_null(0).to_numpy().astype(np.float64)
+    preds = np.full((n, SLOTS), -1, dtype=np.int64)
+    preds[:, STREAM_SLOT] = indices("stream_pred")
+    preds[:, JOIN_SLOT] = indices("join_pred")
+    lags = np.zeros((n, SLOTS))
+    lags[:, STREAM_SLOT] = np.where(binding == STREAM, lag, 0.0)
+    lags[:, JOIN_SLOT] = np.where(binding == JOIN, lag, 0.0)
     # Missing launch records (a lost runtime row): treat the node as released at step start.
     launch_at = (rep["launch_release"] - rep["step_start"]).fill_null(0).to_numpy().astype(np.float64)
     nodes = rep.select("launch_rank", "name", "family", "layer", "stream_id",
                        (pl.col("start") - pl.col("step_start")).alias("start"),
                        pl.col("median_duration").alias("duration"), "binding", "pdl")
     return StepGraph(
-        nodes=nodes,
-        stream_pred=indices("stream_pred"),
-        join_pred=indices("join_pred"),
-        launch_at=launch_at,
-        stream_lag=np.where(binding == STREAM, lag, 0.0),
-        join_lag=np.where(binding == JOIN, lag, 0.0),
+        nodes=nodes, preds=preds, lags=lags, launch_at=launch_at,
         launch_lag=np.where(binding == LAUNCH, lag, 0.0),
         duration=rep["median_duration"].to_numpy().astype(np.float64),
+        order=np.arange(n, dtype=np.int64),  # start order: every edge points forward in time
     )
 
 
-def replay(g: StepGraph, duration: np.ndarray | None = None, stream_lag: np.ndarray | None = None,
-           join_lag: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def replay(g: StepGraph, duration: np.ndarray | None = None, lags: np.ndarray | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every node, for one or many variants at once.
 
-    Arrays may carry a leading batch axis ([variants, n]); the pass is sequential over
-    nodes (topological order) and vectorised over variants.
+    `duration` may be [variants, n] and `lags` [variants, n, SLOTS]; the pass is sequential
+    over nodes in topological order and vectorised over variants.
     """
     dur = g.duration if duration is None else duration
-    s_lag = g.stream_lag if stream_lag is None else stream_lag
-    j_lag = g.join_lag if join_lag is None else join_lag
-    batch = np.broadcast(dur, s_lag, j_lag).shape[:-1]
-    dur = np.broadcast_to(dur, (*batch, g.size))
-    s_lag = np.broadcast_to(s_lag, (*batch, g.size))
-    j_lag = np.broadcast_to(j_lag, (*batch, g.size))
+    lag = g.lags if lags is None else lags
+    batch = np.broadcast_shapes(dur.shape[:-1], lag.shape[:-2])
     start = np.zeros((*batch, g.size))
     end = np.zeros((*batch, g.size))
     launch = g.launch_at + g.launch_lag
-    for i in range(g.size):
+    for i in g.order:
         t = np.full(batch, launch[i])
-        sp, jp = g.stream_pred[i], g.join_pred[i]
-        if sp >= 0:
-            t = np.maximum(t, end[..., sp] + s_lag[..., i])
-        if jp >= 0:
-            t = np.maximum(t, end[..., jp] + j_lag[..., i])
+        for slot in range(SLOTS):
+            p = g.preds[i, slot]
+            if p >= 0:
+                t = np.maximum(t, end[..., p] + lag[..., i, slot])
         start[..., i] = t
         end[..., i] = t + dur[..., i]
     return start, end
 
 
-def span(start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    return end.max(axis=-1) - start.min(axis=-1)
+def span(start: np.ndarray, end: np.ndarray, present: np.ndarray | None = None) -> np.ndarray:
+    """Replayed step span; `present` masks out nodes that are absent in a variant."""
+    if present is None:
+        return end.max(axis=-1) - start.min(axis=-1)
+    return np.where(present, end, -np.inf).max(axis=-1) - np.where(present, start, np.inf).min(axis=-1)
 
 
 def slack(g: StepGraph) -> np.ndarray:
     """How much longer each node could run without lengthening the replayed span (ns)."""
-    start, end = replay(g)
-    finish = end.max()
-    latest_end = np.full(g.size, finish)
-    for i in range(g.size - 1, -1, -1):
+    _, end = replay(g)
+    latest_end = np.full(g.size, end.max())
+    for i in g.order[::-1]:
         latest_start = latest_end[i] - g.duration[i]
-        sp, jp = g.stream_pred[i], g.join_pred[i]
-        if sp >= 0:
-            latest_end[sp] = min(latest_end[sp], latest_start - g.stream_lag[i])
-        if jp >= 0:
-            latest_end[jp] = min(latest_end[jp], latest_start - g.join_lag[i])
+        for slot in range(SLOTS):
+            p = g.preds[i, slot]
+            if p >= 0:
+                latest_end[p] = min(latest_end[p], latest_start - g.lags[i, slot])
     return np.maximum(latest_end - end, 0.0)

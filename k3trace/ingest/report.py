@@ -102,7 +102,17 @@ def _work_root(cache_dir: Path | None) -> str | None:
     return str(cache_dir)
 
 
-def _convert(path: Path, work: Path, tools: Tools, progress: Progress, form_prefix: str = "") -> Trace:
+def _convert(path: Path, work: Path, tools: Tools, progress: Progress) -> Trace:
+    readable, form = materialise(path, work, tools, progress)
+    progress("reading parquetdir" if readable.is_dir() else "reading SQLite")
+    tables = ParquetDirTables(readable) if readable.is_dir() else SqliteTables(readable)
+    frames = normalize.normalise(tables, path.name)
+    return Trace(**frames, source=path.name, form=form, export=normalize.export_metadata(tables))
+
+
+def materialise(path: Path, work: Path, tools: Tools, progress: Progress = _no_progress) -> tuple[Path, str]:
+    """A readable export of any report form: the SQLite file or parquetdir folder itself,
+    or a conversion made inside `work` (never beside the input). Returns (path, form)."""
     label = path.name
     if path.is_dir():
         if not (path / "StringIds.parquet").exists():
@@ -110,12 +120,10 @@ def _convert(path: Path, work: Path, tools: Tools, progress: Progress, form_pref
                 f"{label} is a folder but not an nsys parquetdir export (no StringIds.parquet)",
                 "pass the folder `nsys export -t parquetdir` wrote, or a report file",
             )
-        progress("reading parquetdir")
-        return _trace(ParquetDirTables(path), label, form_prefix + "parquetdir")
+        return path, "parquetdir"
     head = _head(path)
     if head.startswith(_SQLITE_MAGIC):
-        progress("reading SQLite")
-        return _trace(SqliteTables(path), label, form_prefix + "sqlite")
+        return path, "sqlite"
     for magic, opener in _COMPRESSED.items():
         if head.startswith(magic):
             progress("decompressing")
@@ -125,11 +133,11 @@ def _convert(path: Path, work: Path, tools: Tools, progress: Progress, form_pref
                     shutil.copyfileobj(src, dst, length=1 << 22)
             except (OSError, EOFError, lzma.LZMAError) as exc:
                 raise ReportError(f"{label}: cannot decompress ({exc})", "the file is truncated; copy it again") from None
-            trace = _convert(inner, work, tools, progress, form_prefix + "compressed ")
-            return _renamed(trace, label)
+            readable, form = materialise(inner, work, tools, progress)
+            return readable, "compressed " + form
     suffix = path.suffix.lower()
     if suffix in (".nsys-rep", ".qdrep"):
-        return _renamed(_from_rep(path, work, tools, progress, form_prefix + "nsys-rep"), label)
+        return _export_sqlite(path, work, tools, progress), "nsys-rep"
     if suffix == ".qdstrm":
         importer = tools.qdstrm_importer()
         if importer is None:
@@ -145,7 +153,7 @@ def _convert(path: Path, work: Path, tools: Tools, progress: Progress, form_pref
         rep = local.with_suffix(".nsys-rep")
         if not rep.exists():
             raise ReportError(f"{label}: QdstrmImporter made no report", "the .qdstrm is incomplete; record again")
-        return _renamed(_from_rep(rep, work, tools, progress, form_prefix + "qdstrm"), label)
+        return _export_sqlite(rep, work, tools, progress), "qdstrm"
     raise ReportError(
         f"{label} is not a report k3trace can read",
         "pass an .nsys-rep, .qdstrm, SQLite export (.sqlite), or a parquetdir export folder",
@@ -157,7 +165,7 @@ def _head(path: Path) -> bytes:
         return fh.read(16)
 
 
-def _from_rep(rep: Path, work: Path, tools: Tools, progress: Progress, form: str) -> Trace:
+def _export_sqlite(rep: Path, work: Path, tools: Tools, progress: Progress) -> Path:
     if tools.nsys is None:
         raise ReportError(
             f"{rep.name} needs `nsys export` and no nsys was found",
@@ -165,12 +173,10 @@ def _from_rep(rep: Path, work: Path, tools: Tools, progress: Progress, form: str
         )
     progress("nsys export")
     out = work / (rep.stem + ".sqlite")
-    _run([tools.nsys, "export", "-t", "sqlite", "-f", "true", "-o", str(out), str(rep)],
-         rep.name, "nsys export")
+    _run([tools.nsys, "export", "-t", "sqlite", "-f", "true", "-o", str(out), str(rep)], rep.name, "nsys export")
     if not out.exists():
         raise ReportError(f"{rep.name}: nsys export wrote no SQLite file", "check the report opens in Nsight Systems")
-    progress("reading SQLite")
-    return _trace(SqliteTables(out), rep.name, form)
+    return out
 
 
 def _run(cmd: list[str], label: str, what: str) -> None:
@@ -181,17 +187,6 @@ def _run(cmd: list[str], label: str, what: str) -> None:
     if done.returncode != 0:
         last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise ReportError(f"{label}: {what} failed ({last[0]})", "check that the report is complete and opens in Nsight Systems")
-
-
-def _trace(tables, label: str, form: str) -> Trace:
-    frames = normalize.normalise(tables, label)
-    return Trace(**frames, source=label, form=form, export=normalize.export_metadata(tables))
-
-
-def _renamed(trace: Trace, label: str) -> Trace:
-    from dataclasses import replace
-
-    return replace(trace, source=label)
 
 
 # -- cache -------------------------------------------------------------------------------

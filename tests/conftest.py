@@ -1,0 +1,52 @@
+"""Shared fixtures: the bundled H200 recordings (scrubbed, xz-compressed SQLite exports in
+k3trace/data) decompressed once per session, and the public samples beside the project."""
+
+from __future__ import annotations
+
+import lzma
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "k3trace" / "data"
+SAMPLES = ROOT.parent / "shared" / "samples" / "nsys-public"
+
+
+def bundled(name: str) -> Path:
+    """Path of a bundled (compressed) recording, e.g. bundled("small_inside_a")."""
+    path = DATA / f"{name}.sqlite.xz"
+    if not path.exists():
+        pytest.skip(f"bundled trace {name} is not in k3trace/data")
+    return path
+
+
+@pytest.fixture(scope="session")
+def trace_sqlite(tmp_path_factory):
+    """Function name -> plain SQLite path of a bundled recording (decompressed once)."""
+    folder = tmp_path_factory.mktemp("traces")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            out = folder / f"{name}.sqlite"
+            with lzma.open(bundled(name)) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            out.chmod(0o444)  # tests must never write to an input
+            made[name] = out
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    if not SAMPLES.is_dir():
+        pytest.skip("../shared/samples/nsys-public is not beside the project")
+    return SAMPLES
+
+
+@pytest.fixture
+def cache_dir(tmp_path) -> Path:
+    return tmp_path / "cache"

@@ -1,0 +1,427 @@
+"""Plain-Python reference for the numbers `k3trace analyze` reports (METRICS.md).
+
+Independent of k3trace: stdlib only (sqlite3, re, statistics, tomllib), integer nanoseconds,
+lists and dicts, simple loops. It reads one nsys 2023.4.4 SQLite export and recomputes
+
+- the decode steps (graph replays), their period/span/host, the stable set;
+- every kernel's layer/family label and which source gave it;
+- per family and per kernel name the busy / residency / exposed numbers;
+- PDL edges per step and the pre-attention window.
+
+Only k3trace's *settings* are shared (k3trace/defaults.toml, read with tomllib), never its code.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import statistics
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULTS = Path(__file__).resolve().parents[1] / "k3trace" / "defaults.toml"
+PID_MASK = ~0xFFFFFF  # nsys: globalPid = globalTid with the low 24 bits cleared
+NVTX_RANGE = 59
+
+
+def settings(path: Path = DEFAULTS) -> dict:
+    with open(path, "rb") as f:
+        t = tomllib.load(f)
+    return {
+        "warmup": int(t["steps"]["warmup"]),
+        "mad_k": float(t["steps"]["mad_k"]),
+        "layer_pattern": re.compile(t["labels"]["layer_pattern"]),
+        "name_rules": [(re.compile(r["pattern"]), r["family"]) for r in t["labels"].get("name_rules", [])],
+        "fmha": re.compile(t["patterns"]["fmha"]),
+        "residual": re.compile(t["patterns"]["residual"]),
+        "full_attention_families": list(t["patterns"]["full_attention_families"]),
+        "pdl_max_gap_ns": int(t["pdl"]["max_gap_ns"]),
+    }
+
+
+# ----------------------------------------------------------------------------- intervals
+
+def union(intervals):
+    """Sorted, merged list of [start, end) intervals."""
+    out = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return out
+
+
+def length(merged) -> int:
+    return sum(e - s for s, e in merged)
+
+
+def intersect(a, b):
+    """Intersection of two merged interval lists."""
+    out = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        s = max(a[i][0], b[j][0])
+        e = min(a[i][1], b[j][1])
+        if s < e:
+            out.append([s, e])
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def overlap_with(s: int, e: int, merged) -> int:
+    """Length of [s, e) covered by a merged interval list."""
+    total = 0
+    for a, b in merged:
+        if b <= s:
+            continue
+        if a >= e:
+            break
+        total += min(b, e) - max(a, s)
+    return total
+
+
+def at_least_two(per_stream_merged):
+    """Time where intervals of at least two distinct streams are active at once."""
+    events = []
+    for merged in per_stream_merged:
+        for s, e in merged:
+            events.append((s, 1))
+            events.append((e, -1))
+    events.sort(key=lambda x: (x[0], x[1]))  # ends before starts at one time: touching is not overlap
+    out = []
+    active = 0
+    opened = None
+    for t, d in events:
+        before = active
+        active += d
+        if before < 2 <= active:
+            opened = t
+        elif before >= 2 > active:
+            if t > opened:
+                out.append([opened, t])
+            opened = None
+    return union(out)
+
+
+def median(values):
+    return statistics.median(values)
+
+
+# ----------------------------------------------------------------------------- raw rows
+
+@dataclass
+class Kernel:
+    kid: int
+    start: int
+    end: int
+    stream: int
+    corr: int
+    pid: int
+    name: str
+    exec_node: int | None
+    launch_tid: int | None = None
+    launch_start: int | None = None
+    capture_node: int | None = None
+    layer: int | None = None
+    family: str | None = None
+    source: str = "unlabelled"
+
+    @property
+    def dur(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Step:
+    key: tuple
+    kernels: list                 # in capture order (captured node id)
+    first: int
+    last: int
+    period: int | None = None
+    stable: bool = False
+    reason: str | None = None
+
+    @property
+    def span(self) -> int:
+        return self.last - self.first
+
+
+@dataclass
+class Reference:
+    steps: list                   # every replay, by first kernel start
+    stable: list                  # the stable steps
+    kernels: list
+    label_sources: dict
+    step_rows: dict = field(default_factory=dict)      # first_start -> per-step numbers
+    families: dict = field(default_factory=dict)       # family -> summary
+    kernel_table: dict = field(default_factory=dict)   # (name, family) -> summary
+    pdl_edges_median: float | None = None
+    pdl_edges_per_step: list = field(default_factory=list)
+    pre_attention: list = field(default_factory=list)  # (step first start, layer, window ns)
+    medians: dict = field(default_factory=dict)        # period/span/host/busy/residency, ns
+
+    @property
+    def dropped(self) -> int:
+        return len(self.steps) - len(self.stable)
+
+
+def _strings(db):
+    return dict(db.execute("SELECT id, value FROM StringIds"))
+
+
+def _nvtx_layer_ranges(db, strings, pattern):
+    """thread -> list of (start, end, layer, family) for every range matching the pattern."""
+    by_tid: dict[int, list] = {}
+    for start, end, text, text_id, tid in db.execute(
+            "SELECT start, end, text, textId, globalTid FROM NVTX_EVENTS WHERE eventType = ?", (NVTX_RANGE,)):
+        if end is None:
+            continue
+        label = text if text is not None else strings.get(text_id)
+        if label is None:
+            continue
+        m = pattern.match(label)
+        if not m:
+            continue
+        by_tid.setdefault(tid, []).append((start, end, int(m.group("index")), m.group("family")))
+    return by_tid
+
+
+def _enclosing(ranges, t):
+    """Innermost (latest-starting) range enclosing time t."""
+    best = None
+    for s, e, layer, fam in ranges:
+        if s <= t <= e and (best is None or s > best[0]):
+            best = (s, e, layer, fam)
+    return best
+
+
+def compute(path, cfg: dict | None = None) -> Reference:
+    cfg = cfg or settings()
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return _compute(db, cfg)
+    finally:
+        db.close()
+
+
+def _compute(db, cfg) -> Reference:
+    strings = _strings(db)
+    kernels = []
+    for i, (start, end, stream, corr, pid, short, node) in enumerate(db.execute(
+            "SELECT start, end, streamId, correlationId, globalPid, shortName, graphNodeId "
+            "FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start, end")):
+        kernels.append(Kernel(i, start, end, stream, corr, pid, strings[short], node))
+
+    launches = {}
+    for start, tid, corr in db.execute(
+            "SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"):
+        launches[(tid & PID_MASK, corr)] = (start, tid)
+    for k in kernels:
+        hit = launches.get((k.pid, k.corr))
+        if hit:
+            k.launch_start, k.launch_tid = hit
+
+    exec_to_orig = {}
+    created = {}
+    for start, tid, node, orig in db.execute(
+            "SELECT start, globalTid, graphNodeId, originalGraphNodeId FROM CUDA_GRAPH_EVENTS"):
+        if orig is None:
+            created[node] = (start, tid)
+        else:
+            exec_to_orig[node] = orig
+    ranges = _nvtx_layer_ranges(db, strings, cfg["layer_pattern"])
+
+    # --- steps: graph replays, one per (process, cudaGraphLaunch correlationId)
+    groups: dict[tuple, list] = {}
+    for k in kernels:
+        if k.exec_node is not None:
+            k.capture_node = exec_to_orig.get(k.exec_node)
+            groups.setdefault((k.pid, k.corr), []).append(k)
+    steps = []
+    for key, ks in groups.items():
+        ks.sort(key=lambda k: (k.capture_node if k.capture_node is not None else -1, k.start))
+        steps.append(Step(key, ks, min(k.start for k in ks), max(k.end for k in ks)))
+    steps.sort(key=lambda s: s.first)
+    for a, b in zip(steps, steps[1:]):
+        a.period = b.first - a.first
+
+    # --- stable steps
+    counts: dict[int, int] = {}
+    for s in steps:
+        counts[len(s.kernels)] = counts.get(len(s.kernels), 0) + 1
+    dominant = max(counts, key=lambda n: (counts[n], n))
+    complete = [s for s in steps if len(s.kernels) == dominant]
+    for s in steps:
+        if len(s.kernels) != dominant:
+            s.reason = "incomplete"
+    for s in complete[:cfg["warmup"]]:
+        s.reason = "warm-up"
+    candidates = complete[cfg["warmup"]:]
+
+    def bounds(values):
+        m = median(values)
+        mad = median([abs(v - m) for v in values])
+        half = cfg["mad_k"] * max(mad, 0.001 * m)
+        return m - half, m + half
+
+    span_lo, span_hi = bounds([s.span for s in candidates])
+    periods = [s.period for s in candidates if s.period is not None]
+    per_lo, per_hi = bounds(periods)
+    for s in candidates:
+        ok = span_lo <= s.span <= span_hi
+        if s.period is not None:
+            ok = ok and per_lo <= s.period <= per_hi
+        s.stable = ok
+        if not ok:
+            s.reason = "outlier"
+    stable = [s for s in candidates if s.stable]
+
+    # --- labels
+    # 1. eager kernels: the layer range enclosing the launch call on the launching thread
+    for k in kernels:
+        if k.exec_node is None and k.launch_tid is not None:
+            r = _enclosing(ranges.get(k.launch_tid, []), k.launch_start)
+            if r:
+                k.layer, k.family, k.source = r[2], r[3], "nvtx"
+    # 2. replays: the layer range open on the capturing thread when the node was created
+    for s in steps:
+        for k in s.kernels:
+            c = created.get(k.capture_node)
+            if c is None:
+                continue
+            r = _enclosing(ranges.get(c[1], []), c[0])
+            if r:
+                k.layer, k.family, k.source = r[2], r[3], "graph_capture"
+    # 3. replays without capture-time labels: align capture order with the eager step's launch order
+    eager = sorted((k for k in kernels if k.exec_node is None and k.source == "nvtx"),
+                   key=lambda k: (k.launch_start, k.start))
+    for s in steps:
+        if all(k.source == "graph_capture" for k in s.kernels):
+            continue
+        if len(s.kernels) != len(eager):
+            continue
+        if [k.name for k in s.kernels] != [e.name for e in eager]:
+            raise AssertionError("the eager step does not align with the replay by name")
+        for k, e in zip(s.kernels, eager):
+            if k.source == "unlabelled":
+                k.layer, k.family, k.source = e.layer, e.family, "aligned_eager"
+    # 4. name rules for the rest
+    for k in kernels:
+        if k.source == "unlabelled":
+            for pattern, family in cfg["name_rules"]:
+                if pattern.search(k.name):
+                    k.family, k.source = family, "name_rule"
+                    break
+    sources = {"nvtx": 0, "graph_capture": 0, "aligned_eager": 0, "name_rule": 0, "unlabelled": 0}
+    for k in kernels:
+        sources[k.source] += 1
+
+    ref = Reference(steps=steps, stable=stable, kernels=kernels, label_sources=sources)
+    _per_step(ref, cfg)
+    return ref
+
+
+def _segments(step):
+    """Contiguous runs of one (layer, family) in capture order: list of (family, kernels)."""
+    out = []
+    for k in step.kernels:
+        if out and out[-1][0] == (k.layer, k.family):
+            out[-1][1].append(k)
+        else:
+            out.append(((k.layer, k.family), [k]))
+    return [(lf[1], ks) for lf, ks in out]
+
+
+def _per_step(ref: Reference, cfg) -> None:
+    fam_rows: dict[str, dict[int, dict]] = {}   # family -> step first -> numbers
+    fam_segments: dict[str, list] = {}
+    kern: dict[tuple, dict] = {}
+    families_seen = set()
+    for s in ref.stable:
+        ks = s.kernels
+        families_seen.update(k.family for k in ks)
+        by_stream: dict[int, list] = {}
+        for k in ks:
+            by_stream.setdefault(k.stream, []).append(k)
+        stream_union = {st: union([(k.start, k.end) for k in v]) for st, v in by_stream.items()}
+        other_union = {st: union([(k.start, k.end) for k in ks if k.stream != st]) for st in by_stream}
+        multi = at_least_two(list(stream_union.values()))
+        busy = length(union([(k.start, k.end) for k in ks]))
+        ref.step_rows[s.first] = {
+            "span": s.span, "period": s.period, "host": None if s.period is None else s.period - s.span,
+            "busy": busy, "residency": length(multi),
+        }
+        exposed = {k.kid: k.dur - overlap_with(k.start, k.end, other_union[k.stream]) for k in ks}
+
+        segs = _segments(s)
+        for fam in {f for f, _ in segs}:
+            fks = [k for k in ks if k.family == fam]
+            windows = union([(min(k.start for k in sk), max(k.end for k in sk)) for f, sk in segs if f == fam])
+            dev = length(union([(k.start, k.end) for k in fks]))
+            res = length(intersect(windows, multi))
+            fam_rows.setdefault(fam, {})[s.first] = {
+                "device_busy": dev, "residency": res, "exposed": sum(exposed[k.kid] for k in fks),
+                "segments": sum(1 for f, _ in segs if f == fam),
+                "share": res / dev if dev else 0.0,
+            }
+        for k in ks:
+            row = kern.setdefault((k.name, k.family), {"durs": [], "exposed": 0})
+            row["durs"].append(k.dur)
+            row["exposed"] += exposed[k.kid]
+
+        # PDL edges: consecutive kernels on one stream with start - previous end <= max gap
+        edges = 0
+        for v in by_stream.values():
+            v = sorted(v, key=lambda k: (k.start, k.end))
+            for a, b in zip(v, v[1:]):
+                if b.start - a.end <= cfg["pdl_max_gap_ns"]:
+                    edges += 1
+        ref.pdl_edges_per_step.append(edges)
+
+        # pre-attention window per full-attention layer
+        layer_family = {}
+        for k in ks:
+            if k.layer is not None and k.family in cfg["full_attention_families"]:
+                layer_family[k.layer] = k.family
+        for layer in sorted(layer_family):
+            fmha = [k for k in ks if k.layer == layer and cfg["fmha"].search(k.name)]
+            resid = [k for k in ks if k.layer == layer - 1 and cfg["residual"].search(k.name)]
+            if not fmha or not resid:
+                continue
+            first = min(fmha, key=lambda k: (k.start, k.end))
+            last = max(resid, key=lambda k: k.end)
+            ref.pre_attention.append((s.first, layer, first.start - last.end))
+
+    n = len(ref.stable)
+    for fam in families_seen:
+        rows = [fam_rows.get(fam, {}).get(s.first) for s in ref.stable]
+        zero = {"device_busy": 0, "residency": 0, "exposed": 0, "segments": 0, "share": 0.0}
+        rows = [r if r is not None else zero for r in rows]
+        ref.families[fam] = {
+            "segments_per_step": sum(r["segments"] for r in rows) / n,
+            "device_busy": median([r["device_busy"] for r in rows]),
+            "residency": median([r["residency"] for r in rows]),
+            "exposed": median([r["exposed"] for r in rows]),
+            "share_median": median([r["share"] for r in rows]),
+            "per_step": rows,
+        }
+    for key, row in kern.items():
+        durs = row["durs"]
+        ref.kernel_table[key] = {
+            "calls_per_step": len(durs) / n,
+            "mean": sum(durs) / len(durs),
+            "median": median(durs),
+            "hidden_share": 1 - row["exposed"] / sum(durs) if sum(durs) else 0.0,
+        }
+    ref.pdl_edges_median = median(ref.pdl_edges_per_step)
+    for col in ("period", "span", "host", "busy", "residency"):
+        vals = [r[col] for r in ref.step_rows.values() if r[col] is not None]
+        ref.medians[col] = median(vals)
