@@ -119,6 +119,127 @@ def analyze_cmd(
         fail(exc)
 
 
+@dataclass(frozen=True)
+class DiffOptions:
+    old: tuple[Path, ...]
+    new: tuple[Path, ...]
+    json: bool
+    html: Path | None
+    config: Config
+    env: Environment
+
+
+def run_diff(opts: DiffOptions) -> None:
+    from k3trace.analyses import analyze
+    from k3trace.diff import diff
+    from k3trace.render.terminal import render_diff
+
+    old = [analyze(load(p, opts.env), opts.config) for p in opts.old]
+    new = [analyze(load(p, opts.env), opts.config) for p in opts.new]
+    result = diff(old, new)
+    if opts.html is not None:
+        from k3trace.render.html import write_diff_page
+
+        write_diff_page(result, opts.html)
+    if opts.json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+    else:
+        Console().print(render_diff(result))
+
+
+@app.command("diff")
+def diff_cmd(
+    reports: list[Path] = typer.Argument(None, help="OLD NEW (one report each)."),
+    old: list[Path] = typer.Option(None, "--old", help="Repeated runs of the old build (instead of OLD)."),
+    new: list[Path] = typer.Option(None, "--new", help="Repeated runs of the new build (instead of NEW)."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
+    config: Optional[Path] = ConfigOpt,
+    cache_dir: Optional[Path] = CacheDir,
+    no_cache: bool = NoCache,
+) -> None:
+    """Which kernel change moved the ITL between two builds, against the noise band."""
+    try:
+        reports = reports or []
+        if reports and (old or new):
+            raise ReportError("give either OLD NEW or --old/--new, not both", "see `k3trace diff --help`")
+        if reports:
+            if len(reports) != 2:
+                raise ReportError(f"diff takes two reports, got {len(reports)}",
+                                  "pass OLD NEW, or --old A1 --old A2 --new B1 --new B2 for repeated runs")
+            old, new = [reports[0]], [reports[1]]
+        if not old or not new:
+            raise ReportError("diff needs an old and a new build", "pass OLD NEW, or --old ... --new ...")
+        run_diff(DiffOptions(tuple(old), tuple(new), json_out, html, load_config(config),
+                             Environment.resolve(cache_dir, no_cache)))
+    except typer.Exit:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        fail(exc)
+
+
+@app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def record_cmd(
+    ctx: typer.Context,
+    workload: str = typer.Option("k3-decode", "--workload", help="Built-in workload: k3-decode or small."),
+    batch: int = typer.Option(1, "--batch", help="Decode batch size."),
+    steps: int = typer.Option(50, "--steps", help="Graph replays inside the capture window."),
+    variant: str = typer.Option("baseline", "--variant", help="Workload variant (kernels/README.md)."),
+    layers: int = typer.Option(0, "--layers", help="Model depth (0: all 93 K3 layers)."),
+    capture: str = typer.Option("inside", "--capture", help="Graph capture inside or before the window."),
+    output: Path = typer.Option(Path("k3trace-record"), "-o", "--output", help="Report path (no suffix)."),
+    capture_range_end: str = typer.Option("stop", "--capture-range-end", help="stop, or repeat for engines."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the nsys command line and exit."),
+    cache_dir: Optional[Path] = CacheDir,
+) -> None:
+    """Record a decode loop under Nsight Systems (`-- CMD ...` profiles a serving engine)."""
+    from k3trace import record
+
+    try:
+        env = Environment.resolve(cache_dir, False)
+        external = tuple(ctx.args)
+        command = external or record.workload_command(workload, batch, steps, variant, layers, capture)
+        plan = record.RecordPlan(
+            nsys=env.tools.nsys or "nsys", output=output, command=command, capture_range_end=capture_range_end,
+            extra_flags=record.engine_flags(command) if external else (),
+        )
+        if dry_run:
+            typer.echo(plan.shell())
+            return
+        if env.tools.nsys is None:
+            raise ReportError("nsys was not found", "put Nsight Systems' nsys on PATH or set K3TRACE_NSYS")
+        report = record.run(plan)
+        err.print(f"recorded {report}", markup=False)
+        run_analyze(AnalyzeOptions(report, False, load_config(None), env))
+    except typer.Exit:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        fail(exc)
+
+
+@app.command("demo")
+def demo_cmd(
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write the diff's HTML report here."),
+    cache_dir: Optional[Path] = CacheDir,
+    no_cache: bool = NoCache,
+) -> None:
+    """Analyze and diff the real H200 traces bundled with k3trace."""
+    from k3trace.demo import DEMO_PAIR, bundled_trace
+
+    try:
+        env = Environment.resolve(cache_dir, no_cache)
+        old, new = (bundled_trace(name) for name in DEMO_PAIR)
+        out = Console()
+        out.rule(f"k3trace analyze {old.name}")
+        run_analyze(AnalyzeOptions(old, False, load_config(None), env))
+        out.rule(f"k3trace diff {old.name} {new.name}")
+        run_diff(DiffOptions((old,), (new,), False, html, load_config(None), env))
+    except typer.Exit:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        fail(exc)
+
+
 @app.command("scrub")
 def scrub_cmd(
     report: Path = typer.Argument(..., help="Report to scrub: .nsys-rep, .qdstrm or SQLite export (never modified)."),

@@ -51,6 +51,25 @@ class Analysis:
     def stable_steps(self) -> int:
         return self.step_times.height
 
+    def representative_step(self) -> int:
+        """The stable step whose span is closest to the median span."""
+        st = self.step_times
+        med = st["span"].median()
+        return int(st.with_columns((pl.col("span") - med).abs().alias("d")).sort("d", "step")["step"][0])
+
+    def step_timeline(self, step: int | None = None) -> pl.DataFrame:
+        """One stable step's kernels for a timeline: times relative to the step start (us),
+        stream row, family, layer, and whether each sits on the critical path."""
+        step = self.representative_step() if step is None else step
+        k = self.path.filter(pl.col("step") == step)
+        t0 = k["start"].min()
+        return k.sort("start").select(
+            "name", "family", "layer", "stream_id", "on_path", "pdl", "binding",
+            ((pl.col("start") - t0) / 1e3).alias("start_us"), ((pl.col("end") - t0) / 1e3).alias("end_us"),
+            ((pl.col("end") - pl.col("start")) / 1e3).alias("duration_us"),
+            (pl.col("critical_ns") / 1e3).alias("critical_us"), (pl.col("bubble_ns") / 1e3).alias("bubble_us"),
+        )
+
     def critical_summary(self) -> dict[str, Any]:
         ps = self.path_steps
         return {
@@ -102,6 +121,9 @@ class Analysis:
 
 
 def analyze(trace: Trace, cfg: Config) -> Analysis:
+    if trace.kernels.is_empty():
+        raise ReportError(f"{trace.source}: the report holds no kernel records",
+                          "record GPU work with `nsys profile -t cuda,nvtx --cuda-graph-trace=node`")
     if completeness.graph_level_tracing(trace):
         raise ReportError(
             f"{trace.source}: CUDA graphs were traced at graph level (no per-kernel records of the replays)",
@@ -159,7 +181,7 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
         pre_attention=windows,
         pdl_steps=pdl_steps,
         label_sources=counts,
-        completeness=completeness.check(trace, steps, cfg, assignment.lane[0]),
+        completeness=completeness.check(trace, steps, labelled, cfg, assignment.lane[0]),
         step_stats={col: steptimes.quantiles_us(step_times[col])
                     for col in ("period", "span", "host", "busy", "residency")},
         pre_attention_summary=pre_attention.summary(windows),

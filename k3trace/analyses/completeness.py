@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+import k3names
 from k3trace.config import Config
 from k3trace.ingest import Trace
 from k3trace.model.launches import GRAPH_LAUNCH_CALL, LAUNCH_CALL, captured_calls
@@ -115,11 +116,35 @@ def silent_ranges(trace: Trace, cfg: Config, pid: int) -> tuple[int, list[str]]:
     return empty.height, problems
 
 
-def check(trace: Trace, steps: pl.DataFrame, cfg: Config, pid: int) -> Completeness:
+def launch_plan(trace: Trace, steps: pl.DataFrame, kernels: pl.DataFrame, pid: int) -> list[str]:
+    """Against the workload's own launch plan, when it left one (an NVTX mark, k3names)."""
+    marks = trace.nvtx.filter(pl.col("global_pid") == pid, pl.col("end").is_null(),
+                              pl.col("text").str.starts_with(k3names.PLAN_MARK_PREFIX))
+    planned = None
+    for text in marks["text"].to_list():
+        fields = k3names.parse_plan_mark(text) or {}
+        if fields.get("kernels_per_step", "None").isdigit():
+            planned = int(fields["kernels_per_step"])
+    if planned is None:
+        return []
+    problems = []
+    dominant = int(steps["kernels_expected"][0])
+    if dominant != planned:
+        problems.append(f"the workload's launch plan has {planned} kernels per step but the dominant step holds "
+                        f"{dominant}: records were dropped or the plan is stale; record again")
+    eager = kernels.filter(pl.col("eager_step").is_not_null()).group_by("eager_step").len()
+    short = eager.filter(pl.col("len") < planned)
+    if short.height:
+        problems.append(f"{short.height} annotated eager steps hold fewer kernels than the plan's {planned} "
+                        f"(as few as {int(short['len'].min())}): eager records were dropped; record again")
+    return problems
+
+
+def check(trace: Trace, steps: pl.DataFrame, kernels: pl.DataFrame, cfg: Config, pid: int) -> Completeness:
     n_short, p1 = incomplete_steps(steps, cfg)
     n_orphan, p2 = missing_launches(trace, pid)
     n_silent, p3 = silent_ranges(trace, cfg, pid)
-    problems = tuple(p1 + p2 + p3)
+    problems = tuple(p1 + p2 + p3 + launch_plan(trace, steps, kernels, pid))
     return Completeness(ok=not problems, problems=problems, missing_launches=n_orphan,
                         incomplete_steps=n_short, silent_ranges=n_silent)
 
@@ -127,7 +152,7 @@ def check(trace: Trace, steps: pl.DataFrame, cfg: Config, pid: int) -> Completen
 def graph_level_tracing(trace: Trace) -> bool:
     """Graph launches whose kernels were not traced node by node (--cuda-graph-trace=graph)."""
     graph_calls = trace.runtime.filter(pl.col("name").str.contains(GRAPH_LAUNCH_CALL), pl.col("return_value") == 0)
-    if graph_calls.is_empty():
+    if graph_calls.is_empty() or not trace.kernels.filter(pl.col("graph_node_id").is_not_null()).is_empty():
         return False
-    traced = trace.kernels.filter(pl.col("graph_node_id").is_not_null())
+    traced = graph_calls.join(trace.kernels, on=["global_pid", "correlation_id"], how="semi")
     return traced.is_empty()

@@ -29,7 +29,10 @@ def family_table(overlap: StepOverlap, n_steps: int) -> pl.DataFrame:
     # A family absent from some stable steps counts as zero there (medians over all steps).
     steps = k.select("step").unique()
     grid = steps.join(per_step.select("family").unique(), how="cross")
-    full = grid.join(per_step, on=["step", "family"], how="left").fill_null(0)
+    full = grid.join(per_step, on=["step", "family"], how="left").fill_null(0).with_columns(
+        pl.when(pl.col("device_busy") > 0).then(pl.col("residency") / pl.col("device_busy")).otherwise(0.0)
+        .alias("share")
+    )
     return (
         full.group_by("family")
         .agg(
@@ -38,11 +41,8 @@ def family_table(overlap: StepOverlap, n_steps: int) -> pl.DataFrame:
             (pl.col("residency").median() / 1e3).alias("two_stream_residency_us"),
             (pl.col("exposed").median() / 1e3).alias("exposed_us"),
             (pl.col("duration").median() / 1e3).alias("kernel_time_us"),
-        )
-        .with_columns(
-            pl.when(pl.col("device_busy_us") > 0)
-            .then(pl.col("two_stream_residency_us") / pl.col("device_busy_us"))
-            .otherwise(0.0).alias("share_of_busy")
+            # Like every family number: per step first, then the median over steps.
+            pl.col("share").median().alias("share_of_busy"),
         )
         .sort("device_busy_us", descending=True)
     )

@@ -44,6 +44,20 @@ class Diff:
     families: pl.DataFrame          # family, <field>_old, <field>_new
     pre_attention: dict[str, dict[str, float | int] | None]
 
+    def waterfall(self, top: int = 12) -> pl.DataFrame:
+        """Old span -> top contributions -> the rest -> interaction -> residual -> new span,
+        as (label, kind, value_us) rows for a waterfall chart."""
+        old_span = statistics.median(a.step_stats["span"]["median"] for a in self.old)
+        head = self.attribution.head(top)
+        rest = float(self.attribution["delta_us_per_step"].sum() - head["delta_us_per_step"].sum())
+        rows = [("old span", "absolute", old_span)]
+        rows += [(f"{r['kernel'][:40]} ({r['family']})", "relative", r["delta_us_per_step"])
+                 for r in head.iter_rows(named=True)]
+        rows += [(f"{max(self.attribution.height - top, 0)} other kernels", "relative", rest),
+                 ("interaction", "relative", self.interaction_us), ("residual (not modelled)", "relative", self.residual_us),
+                 ("new span", "total", old_span + self.span_delta_us)]
+        return pl.DataFrame(rows, schema={"label": pl.String, "kind": pl.String, "value_us": pl.Float64}, orient="row")
+
     @property
     def unexplained_us(self) -> float:
         """Measured span delta minus the sum of single-change contributions."""

@@ -84,3 +84,54 @@ def completeness(a: Analysis) -> RenderableType:
 
 def render_analysis(a: Analysis) -> RenderableType:
     return Group(steps_panel(a), family_table(a), kernel_table(a), details(a), completeness(a))
+
+
+# -- diff ----------------------------------------------------------------------------------
+
+def _signed(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:+,.{digits}f}"
+
+
+def diff_header(d) -> RenderableType:
+    band = "n/a" if d.noise_band_us is None else f"+-{d.noise_band_us:.2f} us ({d.noise_source})"
+    style = {"faster": "green", "slower": "red"}.get(d.verdict, "yellow")
+    text = Text.assemble(
+        "old: ", ", ".join(a.report for a in d.old), "\nnew: ", ", ".join(a.report for a in d.new), "\n",
+        ("ITL (step period) ", "bold"), f"{_signed(d.itl_delta_us)} us/step   noise band {band}   ",
+        (d.verdict.replace("_", " ").upper(), f"bold {style}"),
+        f"\nspan {_signed(d.span_delta_us)} us   host share {_signed(d.host_delta_us)} us",
+    )
+    return Panel(text, title="k3trace diff", expand=False)
+
+
+def attribution_table(d, top: int = 15) -> RenderableType:
+    t = Table(title=f"what moved the step span (counterfactual replay; top {top})")
+    for col, just in (("kernel", "left"), ("family", "left"), ("layers", "left"), ("us/step", "right"),
+                      ("share", "right"), ("changes", "left")):
+        t.add_column(col, justify=just, overflow="ellipsis", max_width=44 if col == "kernel" else None)
+    for r in d.attribution.head(top).iter_rows(named=True):
+        t.add_row(r["kernel"], r["family"], r["layer_scope"], _signed(r["delta_us_per_step"]), _share(r["share"]),
+                  r["kinds"])
+    attributed = float(d.attribution["delta_us_per_step"].sum())
+    t.caption = (f"sum of single changes {_signed(attributed)} us; interaction {_signed(d.interaction_us)} us; "
+                 f"all changes replayed {_signed(d.modelled_us)} us; measured span {_signed(d.span_delta_us)} us; "
+                 f"residual {_signed(d.residual_us)} us")
+    return t
+
+
+def diff_families(d) -> RenderableType:
+    t = Table(title="families, old -> new (median over stable steps, us)")
+    t.add_column("family")
+    for label in ("segments", "device busy", "2-stream residency", "exposed", "critical"):
+        t.add_column(label, justify="right")
+    for r in d.families.iter_rows(named=True):
+        t.add_row(r["family"], *(f"{r[f'{f}_old']:,.1f} -> {r[f'{f}_new']:,.1f}" for f in (
+            "segments_per_step", "device_busy_us", "two_stream_residency_us", "exposed_us", "critical_us")))
+    pre = d.pre_attention
+    if pre["old"] and pre["new"]:
+        t.caption = f"pre-attention window: {pre['old']['median']:.2f} -> {pre['new']['median']:.2f} us"
+    return t
+
+
+def render_diff(d) -> RenderableType:
+    return Group(diff_header(d), attribution_table(d), diff_families(d))

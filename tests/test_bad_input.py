@@ -1,0 +1,156 @@
+"""Bad input: a one-line error naming the problem and the fix, exit code 2, no traceback,
+nothing written beside the input. A report without NVTX is not bad input."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def k3trace(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "K3TRACE_NSYS"}
+    base["PATH"] = os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin"  # no nsys on it
+    return subprocess.run([sys.executable, "-m", "k3trace.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**base, **(env or {})}, stdin=subprocess.DEVNULL, timeout=300)
+
+
+def assert_bad_input(path: Path, *extra: str, says: str) -> None:
+    folder = path.parent if path.exists() else None
+    before = set(os.listdir(folder)) if folder else None
+    done = k3trace("analyze", str(path), "--no-cache", *extra)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("k3trace: "), done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert says in lines[0], lines[0]
+    assert ";" in lines[0], "the message names the problem and then what to do"
+    if folder:
+        assert set(os.listdir(folder)) == before
+
+
+def copy_fixture(trace_sqlite, tmp_path: Path, name: str = "small_inside_a") -> Path:
+    out = tmp_path / "in" / f"{name}.sqlite"
+    out.parent.mkdir(exist_ok=True)
+    shutil.copyfile(trace_sqlite(name), out)
+    out.chmod(0o644)
+    return out
+
+
+def edit(path: Path, *sql: str) -> None:
+    with sqlite3.connect(path) as con:
+        for statement in sql:
+            con.execute(statement)
+    con.close()
+
+
+def test_not_a_report(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello")
+    assert_bad_input(path, says="is not a report k3trace can read")
+
+
+def test_missing_file(tmp_path):
+    assert_bad_input(tmp_path / "nope.sqlite", says="no such file")
+
+
+def test_folder_that_is_not_a_parquetdir(tmp_path):
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes(b"")
+    assert_bad_input(folder, says="not an nsys parquetdir export")
+
+
+def test_truncated_sqlite(trace_sqlite, tmp_path):
+    path = tmp_path / "cut.sqlite"
+    path.write_bytes(trace_sqlite("small_inside_a").read_bytes()[:65536])
+    assert_bad_input(path, says="cut.sqlite")
+
+
+def test_corrupt_sqlite(trace_sqlite, tmp_path):
+    data = bytearray(trace_sqlite("small_inside_a").read_bytes())
+    data[4096:] = os.urandom(len(data) - 4096)
+    path = tmp_path / "corrupt.sqlite"
+    path.write_bytes(bytes(data))
+    assert_bad_input(path, says="corrupt.sqlite")
+
+
+def test_sqlite_that_is_not_an_nsys_export(tmp_path):
+    path = tmp_path / "other.sqlite"
+    edit(path, "CREATE TABLE t (x INTEGER)")
+    assert_bad_input(path, says="is not an Nsight Systems export")
+
+
+def test_missing_kernel_table(trace_sqlite, tmp_path):
+    path = copy_fixture(trace_sqlite, tmp_path)
+    edit(path, "DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+    assert_bad_input(path, says="holds no CUDA kernel records")
+
+
+def test_no_kernels(trace_sqlite, tmp_path):
+    path = copy_fixture(trace_sqlite, tmp_path)
+    edit(path, "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    assert_bad_input(path, says="holds no kernel records")
+
+
+def test_graph_level_tracing(trace_sqlite, tmp_path):
+    # What --cuda-graph-trace=graph leaves: graph launches, no per-node kernel records.
+    path = copy_fixture(trace_sqlite, tmp_path)
+    edit(path, "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE graphNodeId IS NOT NULL")
+    assert_bad_input(path, says="--cuda-graph-trace=node")
+
+
+def test_no_decode_steps(samples_dir, tmp_path):
+    path = tmp_path / "vector_add.sqlite"
+    shutil.copyfile(samples_dir / "deepdive_vector_add_2023.4.sqlite", path)
+    assert_bad_input(path, says="no decode steps found")
+
+
+def test_invalid_config(trace_sqlite, tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[steps\nwarmup = ")
+    assert_bad_input(trace_sqlite("small_before"), "--config", str(cfg), says="config bad.toml cannot be read")
+
+
+def test_config_with_a_bad_pattern(trace_sqlite, tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[patterns]\nfmha = '('\n")
+    assert_bad_input(trace_sqlite("small_before"), "--config", str(cfg), says="config is invalid")
+
+
+def test_nsys_rep_without_nsys(tmp_path):
+    path = tmp_path / "run.nsys-rep"
+    path.write_bytes(b"x" * 100)
+    assert_bad_input(path, says="needs `nsys export` and no nsys was found")
+
+
+def test_qdstrm_without_importer(tmp_path):
+    path = tmp_path / "run.qdstrm"
+    path.write_bytes(b"x" * 100)
+    assert_bad_input(path, says="no QdstrmImporter is at hand")
+
+
+def test_diff_with_one_report(trace_sqlite):
+    done = k3trace("diff", str(trace_sqlite("small_before")), "--no-cache")
+    assert done.returncode == 2 and "diff takes two reports" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_report_without_nvtx_is_analysed_with_fallbacks(trace_sqlite, tmp_path):
+    import json
+
+    path = copy_fixture(trace_sqlite, tmp_path)
+    edit(path, "DELETE FROM NVTX_EVENTS")
+    done = k3trace("analyze", str(path), "--json", "--no-cache")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["steps"]["source"] == "graph"
+    assert out["labels"]["sources"]["nvtx"] == out["labels"]["sources"]["graph_capture"] == 0
+    assert out["labels"]["sources"]["name_rule"] > 0
+    assert any("kernel-name rules" in n for n in out["notes"])
