@@ -140,13 +140,16 @@ def _grouped(attr: Attribution, span_delta_ns: float) -> pl.DataFrame:
 
 
 def _noise(old: Sequence[Analysis], new: Sequence[Analysis]) -> tuple[float | None, str | None]:
+    """Zero-change spread of the repeats; never narrower than the within-run resampling
+    band (two repeats can agree by chance to the nanosecond)."""
+    a, b = _representative(old), _representative(new)
+    periods = [x.step_times["period"].drop_nulls().cast(pl.Float64).to_numpy() / 1e3 for x in (a, b)]
+    resampled = noise.from_resampling(periods[0], periods[1])
     if len(old) > 1 or len(new) > 1:
-        band = noise.from_repeats([a.step_stats["period"]["median"] for a in old],
-                                  [a.step_stats["period"]["median"] for a in new])
-        return band, "repeats"
-    periods = [a.step_times["period"].drop_nulls().cast(pl.Float64).to_numpy() / 1e3 for a in (old[0], new[0])]
-    band = noise.from_resampling(periods[0], periods[1])
-    return band, ("resampling" if band is not None else None)
+        spread = noise.from_repeats([x.step_stats["period"]["median"] for x in old],
+                                    [x.step_stats["period"]["median"] for x in new])
+        return max(v for v in (spread, resampled) if v is not None), "repeats"
+    return resampled, ("resampling" if resampled is not None else None)
 
 
 def diff(old: Sequence[Analysis], new: Sequence[Analysis]) -> Diff:

@@ -35,7 +35,7 @@ def step_timeline(timeline: pl.DataFrame, title: str) -> go.Figure:
                           "<br>bubble before: %{customdata[4]:.2f} us<extra></extra>",
         ))
     fig.update_layout(title=title, barmode="overlay", xaxis_title="time in step (us)", yaxis_title="stream",
-                      yaxis={"categoryorder": "array", "categoryarray": streams}, height=120 + 28 * len(streams),
+                      yaxis={"categoryorder": "array", "categoryarray": streams}, height=max(320, 140 + 28 * len(streams)),
                       legend_title="family (outlined: critical path)")
     return fig
 
@@ -58,7 +58,7 @@ def table(frame: pl.DataFrame, title: str, digits: int = 2) -> go.Figure:
         header={"values": frame.columns, "align": "left"},
         cells={"values": [[fmt(v) for v in frame[c].to_list()] for c in frame.columns], "align": "left"},
     ))
-    fig.update_layout(title=title, height=140 + 28 * frame.height)
+    fig.update_layout(title=title, height=220 + 36 * frame.height)
     return fig
 
 
