@@ -70,6 +70,21 @@ class Analysis:
             (pl.col("critical_ns") / 1e3).alias("critical_us"), (pl.col("bubble_ns") / 1e3).alias("bubble_us"),
         )
 
+    def pre_attention_by_layer(self) -> pl.DataFrame:
+        """The pre-attention window per full-attention layer: median over stable steps (us)."""
+        return self.pre_attention.group_by("layer").agg(
+            (pl.col("window_ns").median() / 1e3).alias("median_us"),
+            (pl.col("window_ns").quantile(0.9) / 1e3).alias("p90_us"),
+            pl.len().alias("steps"),
+        ).sort("layer")
+
+    def per_layer(self, family: str) -> pl.DataFrame:
+        """Per layer of one family: median over stable steps of the layer's kernel time (us),
+        the standalone per-layer cost that seed 003 multiplies by the layer count."""
+        k = self.overlap.kernels.filter(pl.col("family") == family, pl.col("layer").is_not_null())
+        per = k.group_by("step", "layer").agg(pl.col("duration").sum())
+        return per.group_by("layer").agg((pl.col("duration").median() / 1e3).alias("kernel_time_us")).sort("layer")
+
     def critical_summary(self) -> dict[str, Any]:
         ps = self.path_steps
         return {

@@ -58,6 +58,20 @@ class Diff:
                  ("new span", "total", old_span + self.span_delta_us)]
         return pl.DataFrame(rows, schema={"label": pl.String, "kind": pl.String, "value_us": pl.Float64}, orient="row")
 
+    def segment_changes(self) -> pl.DataFrame:
+        """Per (layer, family): matched kernels, and the names added or removed there."""
+        m = self.matching
+        return (
+            m.group_by("layer", "family")
+            .agg(
+                (pl.col("kind") == "matched").sum().alias("matched"),
+                pl.col("name").filter(pl.col("kind") == ADDED).alias("added"),
+                pl.col("name").filter(pl.col("kind") == REMOVED).alias("removed"),
+            )
+            .filter((pl.col("added").list.len() > 0) | (pl.col("removed").list.len() > 0))
+            .sort("layer", "family", nulls_last=True)
+        )
+
     @property
     def unexplained_us(self) -> float:
         """Measured span delta minus the sum of single-change contributions."""

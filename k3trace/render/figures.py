@@ -80,3 +80,22 @@ def family_bars(families: pl.DataFrame, title: str) -> go.Figure:
         fig.add_trace(go.Bar(x=families["family"].to_list(), y=families[col].to_list(), name=label))
     fig.update_layout(title=title, barmode="group", yaxis_title="us per step")
     return fig
+
+
+def sortable_table(frame: pl.DataFrame, sort_by: list[str], title: str, digits: int = 2) -> go.Figure:
+    """A table with one button per column in `sort_by` that orders the rows by it
+    (descending). Each ordering is the frame sorted, precomputed; no metric is computed."""
+    def cells(f: pl.DataFrame) -> list[list]:
+        return [[f"{v:,.{digits}f}" if isinstance(v, float) else v for v in f[c].to_list()] for c in f.columns]
+
+    orders = {col: frame.sort(col, descending=True, nulls_last=True) for col in sort_by}
+    first = orders[sort_by[0]] if sort_by else frame
+    fig = go.Figure(go.Table(header={"values": frame.columns, "align": "left"},
+                             cells={"values": cells(first), "align": "left"}))
+    fig.update_layout(
+        title=title, height=220 + 30 * min(frame.height, 40),
+        updatemenus=[{"type": "buttons", "direction": "right", "x": 0, "y": 1.08, "xanchor": "left",
+                      "buttons": [{"label": f"sort by {col}", "method": "restyle",
+                                   "args": [{"cells.values": [cells(orders[col])]}]} for col in sort_by]}],
+    )
+    return fig
