@@ -24,7 +24,8 @@ PDL = os.environ.get("TRITON_INTERPRET") != "1"
 
 @triton.jit
 def _spin(DELAY_NS: tl.constexpr):
-    # Injected-delay variant: hold every program DELAY_NS longer, after its last store.
+    # Injected-delay variant: hold every program DELAY_NS longer, after its last store and
+    # before its PDL trigger (work after the trigger is reported as the dependent's time).
     if DELAY_NS > 0:
         t0 = tl.extra.cuda.globaltimer()
         while tl.extra.cuda.globaltimer() - t0 < DELAY_NS:
@@ -43,9 +44,9 @@ def attn_res_score_kernel(bank, w, scores, R: tl.constexpr, H: tl.constexpr,
         row = tl.load(bank + (r * tl.num_programs(0) + b) * H + offs).to(tl.float32)
         rms = tl.sqrt(tl.sum(row * row) / H + 1e-6)
         tl.store(scores + b * R + r, tl.sum(row * wv) / rms)
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -66,9 +67,9 @@ def attn_res_combine_kernel(bank, scores, gamma, out, R: tl.constexpr, H: tl.con
         acc += pr * tl.load(bank + (r * tl.num_programs(0) + b) * H + offs).to(tl.float32)
     rms = tl.sqrt(tl.sum(acc * acc) / H + 1e-6)
     tl.store(out + b * H + offs, (acc / rms * g).to(out.dtype.element_ty))
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -88,9 +89,9 @@ def kda_conv_silu_kernel(x, conv_state, y, C: tl.constexpr, BLOCK: tl.constexpr,
     tl.store(conv_state + (b * 3 + 1) * C + offs, s2.to(conv_state.dtype.element_ty))
     tl.store(conv_state + (b * 3 + 2) * C + offs, xv.to(conv_state.dtype.element_ty))
     tl.store(y + b * C + offs, (acc * tl.sigmoid(acc)).to(y.dtype.element_ty))
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -107,9 +108,9 @@ def kda_gate_kernel(x, w, gate, H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.co
         xv = tl.load(x + b * H + hs).to(tl.float32)
         g += tl.sum(xv[:, None] * wv, 0)
     tl.store(gate + b * D + ds, tl.exp(-5.0 * tl.sigmoid(g)))
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -137,9 +138,9 @@ def kda_step_kernel(qkv, gate, state, out, D: tl.constexpr,
     o = tl.sum(S * q[:, None], 0)
     tl.store(state + base + ks[:, None] * D + ks[None, :], S)
     tl.store(out + (b * nh + h) * D + ks, o.to(out.dtype.element_ty))
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -154,9 +155,9 @@ def mla_qconcat_cache_kernel(q, kv, cache, q_out, pos, D: tl.constexpr,
     kvv = tl.load(kv + b * D + ds)
     tl.store(q_out + b * D + ds, qv)
     tl.store(cache + (b * 1024 + p) * D + ds, kvv)
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -182,9 +183,9 @@ def mla_decode_fmha_kernel(q, cache, out, ctx, D: tl.constexpr, BLOCK_N: tl.cons
         acc = acc * alpha + tl.sum(pexp[:, None] * kblk, 0)
         m = m_new
     tl.store(out + b * D + ds, (acc / l).to(out.dtype.element_ty))
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -196,9 +197,9 @@ def gate_mul_kernel(x, g, y, N: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: t
     xv = tl.load(x + b * N + ns).to(tl.float32)
     gv = tl.load(g + b * N + ns).to(tl.float32)
     tl.store(y + b * N + ns, (xv * tl.sigmoid(gv)).to(y.dtype.element_ty))
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -217,9 +218,9 @@ def moe_router_kernel(logits, bias, weights, E: tl.constexpr, K: tl.constexpr,
         w = tl.where(es == best, s, w)
         sel = tl.where(es == best, -float("inf"), sel)
     tl.store(weights + b * E + es, w / tl.sum(w, 0))
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -236,9 +237,9 @@ def moe_expert_kernel(x, weights, wexp, y, E: tl.constexpr, H: tl.constexpr,
         we = tl.load(weights + b * E + e)
         acc += we * xv * tl.load(wexp + e * H + hs).to(tl.float32)
     tl.store(y + b * H + hs, acc.to(y.dtype.element_ty))
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @triton.jit
@@ -252,9 +253,9 @@ def residual_add_kernel(acc, a, b_in, H: tl.constexpr, HAS_B: tl.constexpr,
     if HAS_B:
         v += tl.load(b_in + b * H + hs).to(tl.float32)
     tl.store(acc + b * H + hs, v.to(acc.dtype.element_ty))
+    _spin(DELAY_NS)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    _spin(DELAY_NS)
 
 
 @dataclass(frozen=True)
