@@ -25,8 +25,14 @@ def build(args: argparse.Namespace):
     if args.workload == "small":
         from kernels.small import SmallConfig, SmallDecode
 
-        cfg = SmallConfig(batch=args.batch, layers=args.layers or 8, aux_fork=not args.no_fork,
-                          delay_kernel=args.delay_kernel, delay_ns=args.delay_ns)
+        # Small-workload variants by name: `nofork`, `delay:<kernel>:<ns>` (or the flags).
+        delay_kernel, delay_ns = args.delay_kernel, args.delay_ns
+        if args.variant.startswith("delay:"):
+            _, delay_kernel, ns = args.variant.split(":")
+            delay_ns = int(ns)
+        cfg = SmallConfig(batch=args.batch, layers=args.layers or 8,
+                          aux_fork=not (args.no_fork or args.variant == "nofork"),
+                          delay_kernel=delay_kernel, delay_ns=delay_ns)
         return SmallDecode(cfg)
     from kernels.k3 import build_model  # the full K3 decode path
 
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", choices=["small", "k3-decode"], default="small")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--layers", type=int, default=0, help="0: the workload's own depth")
+    p.add_argument("--context", type=int, default=0, help="k3-decode: tokens of history (0: its default)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--eager-steps", type=int, default=1)

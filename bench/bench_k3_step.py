@@ -1,0 +1,116 @@
+"""K3 decode step time on the H200 against the HBM floor, measured side by side in one run.
+
+    python3 bench/bench_k3_step.py [--batches 1 8 64] [--layers 0] [--replays 30] [--json OUT]
+
+HBM floor = bytes one decode step must read (every weight it touches, the MLA latent cache
+over the context, the KDA state, the experts the router actually picked) / the
+device-to-device copy bandwidth measured in this same run (bytes read + written per second,
+the same way KINDS.md reports the H200's 4.3 TB/s). Goal: within 1.25x at B=1.
+Runs on a GPU only; CI never runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from types import SimpleNamespace
+
+import torch
+
+BF16 = 2
+
+
+def copy_bandwidth(gib: float = 4.0, repeats: int = 10) -> float:
+    """Device-to-device copy, bytes read + written per second (median of repeats)."""
+    n = int(gib * (1 << 30)) // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n * BF16 / statistics.median(times[2:])
+
+
+def bytes_read_per_step(model) -> dict[str, int]:
+    """What one decode step must read from HBM, by part (from the config and the routing the
+    step just did)."""
+    cfg = model.cfg
+    B, H = cfg.batch, cfg.hidden
+    parts = {"attention weights": 0, "dense/moe weights": 0, "routed experts": 0, "mla cache": 0,
+             "kda state": 0, "attn-res banks": 0}
+    expert = (768 * 3584 + 3584 * 384) * BF16
+    for layer in cfg.layers:
+        fam = cfg.attention_family(layer)
+        if fam == "kda":
+            parts["attention weights"] += (H * cfg.qkvg_width + H * cfg.fab_width + 128 * cfg.kda_width
+                                           + cfg.kda_width * H) * BF16
+            parts["kda state"] += B * 12 * 128 * 128 * 4
+        else:
+            parts["attention weights"] += (H * 1536 + H * cfg.kv_a_width + 1536 * cfg.q_b_width + 2 * 12 * 128 * 512
+                                           + H * cfg.mla_out_width + cfg.mla_out_width * H) * BF16
+            parts["mla cache"] += B * cfg.seq_len * cfg.kv_a_width * BF16
+        if cfg.mlp_family(layer) == "dense":
+            parts["dense/moe weights"] += (H * 2 * 2304 + 2304 * H) * BF16
+        else:
+            parts["dense/moe weights"] += (H * cfg.front_width + 3584 * H + 768 * H) * BF16
+            parts["routed experts"] += int(torch.unique(model.routing(layer)).numel()) * expert
+        parts["attn-res banks"] += 2 * cfg.bank_rows_max * B * H * BF16
+    return parts
+
+
+def time_step(model, replays: int) -> float:
+    from kernels.record_loop import capture, time_replays
+
+    for _ in range(2):
+        model.step()
+    torch.cuda.synchronize()
+    graph = capture(model)
+    ms = time_replays(graph, replays)
+    return statistics.median(ms)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--layers", type=int, default=0)
+    p.add_argument("--replays", type=int, default=30)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    from kernels.k3 import build_model
+
+    bw = copy_bandwidth()
+    print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + written)")
+    rows = []
+    for batch in args.batches:
+        model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant="baseline", delay_kernel="",
+                                            delay_ns=0, no_fork=False))
+        step_ms = time_step(model, args.replays)
+        parts = bytes_read_per_step(model)
+        total = sum(parts.values())
+        floor_ms = total / bw * 1e3
+        row = {"batch": batch, "step_ms": step_ms, "bytes_read": total, "floor_ms": floor_ms,
+               "ratio": step_ms / floor_ms, "parts_gb": {k: v / 1e9 for k, v in parts.items()},
+               "copy_tb_s": bw / 1e12}
+        rows.append(row)
+        print(f"B={batch:3d}: step {step_ms:8.3f} ms   reads {total / 1e9:7.2f} GB   HBM floor {floor_ms:8.3f} ms   "
+              f"ratio {step_ms / floor_ms:5.2f}" + ("  (goal <= 1.25)" if batch == 1 else ""))
+        print("        " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in parts.items()))
+        del model
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
