@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The K3 runs on the H200, through the device tool (../shared/gpu/README.md). Phases, each one
+# call while the machine stays warm:
+#   stage1   (carry .gpu1)  keep the first half of the CuTe DSL wheel
+#   stage2   (carry .nsys)  unpack the Nsight Systems profiler
+#   test     (carry .gpu2)  install CuTe DSL + nvtx; GPU tests; step-time bench; cost of recording
+#   record   (carry .gpu2)  record the fixtures: baseline and every variant at bs1, a bs8 pair
+#   long     (carry .gpu2)  full-depth bs1 baseline and MLA-split, ~175 steps each (~400k kernels)
+# Leaves logs and compressed .qdstrm files in $OUT.
+set -u
+phase=${1:?phase}
+export PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
+N=/tmp/nx/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys
+install_dsl() { [ -f .gpu2/install.sh ] && source .gpu2/install.sh; }
+
+rec() {  # name, args... : one nsys recording of the decode loop
+  local name=$1; shift
+  timeout 300 $N profile -t cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
+     --capture-range=cudaProfilerApi --capture-range-end=stop -f true -o /tmp/rec/$name \
+     python3 -m kernels.record_loop --workload k3-decode --timings-json /tmp/rec/$name.json "$@" \
+     > /tmp/rec/$name.log 2>&1
+  echo "$name rc=$? $(tail -1 /tmp/rec/$name.log | cut -c1-300)"
+}
+
+pack() {  # archive name: every .qdstrm + json + log under /tmp/rec, xz-compressed, split to 15 MB
+  (cd /tmp/rec && tar cf - *.json *.log *.qdstrm 2>/dev/null) | xz -T0 -6 | split -b 15000000 -d - "$OUT/$1.tar.xz.part"
+  ls -la "$OUT"
+}
+
+case $phase in
+stage1)
+  mkdir -p /root/gpu && cp .gpu1/* /root/gpu/ && ls -la /root/gpu ;;
+stage2)
+  dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx && $N --version ;;
+test)
+  install_dsl
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+  python3 -c "import cutlass; print('cutlass dsl', cutlass.__version__)" 2>&1 | tail -1
+  set -o pipefail
+  timeout 420 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels --timeout 400 -rs 2>&1 \
+    | tee $OUT/gpu_tests.log | tail -40
+  ;;
+bench)
+  install_dsl
+  timeout 400 python3 bench/bench_k3_step.py --json $OUT/bench_k3_step.json 2>&1 | tee $OUT/bench_k3_step.log
+  # Cost of recording: the same full-depth bs1 loop with and without node-level tracing.
+  mkdir -p /tmp/rec
+  python3 -m kernels.record_loop --workload k3-decode --steps 100 --timings-json $OUT/unprofiled.json > /tmp/rec/u.log 2>&1
+  timeout 300 $N profile -t cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
+     --capture-range=cudaProfilerApi --capture-range-end=stop -f true -o /tmp/rec/cost \
+     python3 -m kernels.record_loop --workload k3-decode --steps 100 --timings-json $OUT/profiled.json > /tmp/rec/p.log 2>&1
+  cat $OUT/unprofiled.json $OUT/profiled.json ;;
+record)
+  install_dsl
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  L="--layers 8 --steps 40"
+  rec k3_bs1_base_a $L
+  rec k3_bs1_base_b $L
+  rec k3_bs1_base_before $L --capture before
+  rec k3_bs1_mla_split $L --variant mla_epilogue_split
+  rec k3_bs1_no_attn_forks $L --variant no_attn_forks
+  rec k3_bs1_router_multipass $L --variant router_multipass
+  rec k3_bs1_kda_norm_separate $L --variant kda_norm_separate
+  rec k3_bs1_residual_separate $L --variant residual_separate
+  rec k3_bs1_delay_kda_step $L --variant delay:kda_step_kernel:3000
+  rec k3_bs1_kda_cute $L --variant kda_cute
+  rec k3_bs8_base $L --batch 8
+  rec k3_bs8_mla_split $L --batch 8 --variant mla_epilogue_split
+  pack k3_fixtures ;;
+long)
+  install_dsl
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  rec k3_full_bs1_base --steps 175
+  rec k3_full_bs1_mla_split --steps 175 --variant mla_epilogue_split
+  rec k3_full_bs1_no_attn_forks --steps 60 --variant no_attn_forks
+  pack k3_full ;;
+esac
