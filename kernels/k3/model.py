@@ -1,0 +1,559 @@
+"""One TP8 rank of Kimi K3 decode on one GPU: random weights, paged state, one step.
+
+    model = K3Decode(K3Config(batch=8), parse("baseline"), "cuda")
+    model.step()            # eager, or inside torch.cuda.graph(...) and replayed
+
+`step()` issues the launches of `kernels.k3.plan.build_plan(cfg, variant)` in order and
+checks each against it (a divergence raises `PlanMismatch`), so the plan is exactly what
+runs: same sub-ops, streams, fork/join points, kernel counts.
+
+Graph replay. Every buffer is allocated in `__init__`; `step()` allocates nothing, never
+syncs with the host and launches fixed grids (the MoE segment count lives on the device),
+so it can be captured and replayed. A replay repeats identical work, so positions are
+fixed: each step appends its token's latent row at position `context` (slot_mapping) and
+attends over `context + 1` tokens (seq_lens); the KDA recurrent state and conv window do
+advance every step, as they would in serving. The step input is a fixed per-request
+embedding copied into bank row 0 (a device memcpy, not a kernel) at the start of each
+step; the sampled token is not fed back (the LM head is outside this path).
+
+Weights. Random, seeded, scaled so activations stay O(1) over 93 layers: every GEMM weight
+has std 1/sqrt(fan_in) and every sub-layer input is RMS-normalised by the attention-
+residual aggregation, so no layer's output grows with depth. bf16 everywhere except
+A_log, dt_bias, the router bias and the KDA state (fp32, as in the contract). GEMM weights
+are stored [in, out] (y = x @ W); expert banks [E, out, in] as the grouped GEMM reads them.
+`n_expert_banks` banks are allocated and layer l uses bank l % n (kernels/README.md).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from kernels.k3 import plan as P
+from kernels.k3.config import ATTN_RES, DENSE, KDA, MLA, MOE, K3Config
+from kernels.k3.ops.attn_res import (
+    add3,
+    alloc_attn_res_scores,
+    attn_res_combine,
+    attn_res_score,
+    residual_add,
+)
+from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
+from kernels.k3.ops.mla import gate_mul, mla_cache_insert, mla_decode_combine, mla_decode_fmha, mla_q_concat
+from kernels.k3.ops.moe import (
+    moe_align,
+    moe_grouped_gemm,
+    moe_router,
+    moe_weighted_sum,
+    router_scratch_shape,
+    situ_mul,
+)
+from kernels.k3.ops.norm import rmsnorm
+from kernels.k3.variants import BASELINE, Variant
+from kernels.streams import Streams, fork, join, nvtx_range, on
+
+BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
+
+__all__ = ["K3Decode", "PlanMismatch"]
+
+
+class PlanMismatch(RuntimeError):
+    """step() issued something other than what kernels.k3.plan says comes next."""
+
+
+# ---- weights and per-layer state ----------------------------------------------------------
+@dataclass
+class AttnResWeights:
+    query: torch.Tensor          # [H] pseudo-query of the block-attention residual
+    gamma: torch.Tensor          # [H] RMSNorm weight of the aggregated input
+
+
+@dataclass
+class KDALayer:
+    qkvg: torch.Tensor           # [H, 4*1536]
+    fab: torch.Tensor            # [H, 128 + 12]   f_a | b
+    f_b: torch.Tensor            # [128, 1536]
+    conv_w: torch.Tensor         # [4608, 4]
+    A_log: torch.Tensor          # [12] fp32
+    dt_bias: torch.Tensor        # [1536] fp32
+    norm_w: torch.Tensor         # [128] gated RMSNorm weight
+    o_proj: torch.Tensor         # [1536, H]
+    state: torch.Tensor          # [slots, 12, 128(V), 128(K)] fp32, paged by slot_idx
+    conv_state: torch.Tensor     # [slots, 3, 4608] bf16: the last 3 conv inputs
+
+
+@dataclass
+class MLALayer:
+    q_a: torch.Tensor            # [H, 1536]
+    q_a_norm: torch.Tensor       # [1536]
+    q_b: torch.Tensor            # [1536, 12*192]
+    w_uk: torch.Tensor           # [12, 128, 512] absorb: q_nope -> latent space
+    kv_a: torch.Tensor           # [H, 576]
+    kv_a_norm: torch.Tensor      # [512]
+    w_uv: torch.Tensor           # [12, 512, 128] latent -> v
+    g_proj: torch.Tensor         # [H, 1536] output gate
+    o_proj: torch.Tensor         # [1536, H]
+    cache: torch.Tensor          # [pages, page_size, 576] bf16 latent cache
+
+
+@dataclass
+class MoELayer:
+    front: torch.Tensor          # [H, 896 + 3584 + 1536] router | latent | shared gate|up
+    router_bias: torch.Tensor    # [896] fp32 correction bias (selects, does not weight)
+    w13: torch.Tensor            # [896, 768, 3584] routed gate|up (an aliased bank)
+    w2: torch.Tensor             # [896, 3584, 384] routed down (same bank)
+    latent_norm: torch.Tensor    # [3584]
+    up: torch.Tensor             # [3584, H]
+    shared_down: torch.Tensor    # [768, H]
+
+
+@dataclass
+class DenseLayer:
+    gate_up: torch.Tensor        # [H, 2*2304]
+    down: torch.Tensor           # [2304, H]
+
+
+@dataclass
+class Layer:
+    index: int
+    pre_attn: AttnResWeights
+    pre_mlp: AttnResWeights
+    attn: KDALayer | MLALayer
+    mlp: MoELayer | DenseLayer
+
+
+# ---- activations (one set, reused by every layer) ------------------------------------------
+class Scratch:
+    """Preallocated activations: nothing is allocated inside step()."""
+
+    def __init__(self, cfg: K3Config, device: torch.device) -> None:
+        B, H = cfg.batch, cfg.hidden
+        e = lambda *shape, dtype=BF16: torch.empty(shape, device=device, dtype=dtype)
+        self.x = e(B, H)                         # the aggregated sub-layer input
+        self.attn_out = e(B, H)                  # o_proj output, added to the partial later
+        # KDA
+        self.qkvg = e(B, cfg.qkvg_width)
+        self.fab = e(B, cfg.fab_width)
+        self.fb = e(B, cfg.kda_width)
+        self.conv_out = e(B, cfg.conv_channels)
+        self.kda_o = e(B, cfg.kda_width)         # unnormalised o (kda_norm_separate)
+        self.kda_out = e(B, cfg.kda_width)
+        # MLA
+        NH = cfg.mla_heads
+        self.q_a = e(B, cfg.q_lora)
+        self.q_a_n = e(B, cfg.q_lora)
+        self.q_b = e(B, cfg.q_b_width)
+        self.q_abs = e(NH, B, cfg.kv_lora)       # absorb BMM output, head-major for cuBLAS
+        self.kv_a = e(B, cfg.kv_a_width)
+        self.kv_lat = e(B, cfg.kv_lora)          # normalised latent (the cache row's head)
+        self.q_full = e(B, NH, cfg.kv_a_width)
+        S = cfg.fmha_splits
+        self.fmha_partial = e(B, NH, S, cfg.kv_lora, dtype=F32)
+        self.fmha_lse = e(B, NH, S, dtype=F32)
+        self.attn_lat = e(NH, B, cfg.kv_lora)    # combine output, head-major for the V BMM
+        self.mla_o = e(B, NH, cfg.v_head)        # V BMM writes its head-major view
+        self.g = e(B, cfg.mla_out_width)
+        self.mla_gated = e(B, cfg.mla_out_width)
+        # MoE
+        K, P = cfg.top_k, B * cfg.top_k
+        G = min(P, cfg.experts)
+        self.front = e(B, cfg.front_width)
+        self.shared_h = e(B, cfg.shared_inter)
+        self.shared_out = e(B, H)
+        # Routing per layer (cheap; lets a test check every layer's selection).
+        self.topk_ids = e(cfg.num_layers + 1, B, K, dtype=I32)
+        self.topk_w = e(cfg.num_layers + 1, B, K, dtype=F32)
+        self.router_scratch = e(*router_scratch_shape(B, cfg.experts, K, cfg.router_group),
+                                dtype=torch.int64)
+        self.sorted_pairs = e(P, dtype=I32)
+        self.seg_expert = e(G, dtype=I32)
+        self.seg_start = e(G + 1, dtype=I32)
+        self.num_segs = e(1, dtype=I32)
+        self.expert_gu = e(P, 2 * cfg.expert_inter)
+        self.expert_h = e(P, cfg.expert_inter)
+        self.expert_y = e(P, cfg.latent)
+        self.routed_lat = e(B, cfg.latent)
+        self.routed_lat_n = e(B, cfg.latent)
+        self.routed_out = e(B, H)
+        # Dense MLP
+        self.dense_gu = e(B, 2 * cfg.dense_inter)
+        self.dense_h = e(B, cfg.dense_inter)
+        self.dense_out = e(B, H)
+
+
+class K3Decode:
+    """Weights, paged caches and one decode step of one TP8 rank of Kimi K3."""
+
+    def __init__(self, cfg: K3Config, variant: Variant = BASELINE,
+                 device: str | torch.device = "cuda") -> None:
+        self.cfg, self.variant = cfg, variant
+        self.device = torch.device(device)
+        self.plan = P.build_plan(cfg, variant)
+        if variant.delay_kernel and not self.plan.delayed_launches():
+            raise ValueError(f"delay names {variant.delay_kernel!r}, which no launch of the "
+                             f"plan issues (kernel or launcher names: kernels/k3/plan.py)")
+        self.streams = Streams.create(str(self.device))
+        self._gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self._build_state()
+        self.layers = {l: self._build_layer(l) for l in cfg.layers}
+        self.s = Scratch(cfg, self.device)
+        self.attn_res_scores = alloc_attn_res_scores(self.bank)
+        # Plan cursor (see _expect).
+        self._seg_i = 0
+        self._seg: P.Segment | None = None
+        self._items = iter(())
+        self._label = P.MAIN
+        self._main = None
+
+    # ---- construction --------------------------------------------------------------------
+    def _randn(self, *shape: int, std: float = 1.0, dtype=BF16, mean: float = 0.0) -> torch.Tensor:
+        t = torch.randn(shape, generator=self._gen, device=self.device, dtype=dtype)
+        if std != 1.0:
+            t.mul_(std)
+        if mean:
+            t.add_(mean)
+        return t
+
+    def _w(self, fan_in: int, *shape: int) -> torch.Tensor:
+        return self._randn(*shape, std=fan_in ** -0.5)
+
+    def _norm_w(self, n: int) -> torch.Tensor:
+        return self._randn(n, std=0.1, mean=1.0)
+
+    def _build_state(self) -> None:
+        cfg, B, H = self.cfg, self.cfg.batch, self.cfg.hidden
+        # Attention-residual bank: completed blocks + the running partial.
+        self.bank = torch.zeros(cfg.bank_capacity, B, H, device=self.device, dtype=BF16)
+        self.embed = self._randn(B, H)
+        # KDA slots and MLA pages are permuted so every kernel goes through the indirection.
+        self.slot_idx = torch.randperm(B, generator=self._gen, device=self.device).to(I32)
+        n_pages = B * cfg.pages_per_request
+        pages = torch.randperm(n_pages, generator=self._gen, device=self.device).to(I32)
+        self.block_table = pages.view(B, cfg.pages_per_request).contiguous()
+        pos = cfg.context  # this step's token (see the module docstring)
+        self.slot_mapping = (self.block_table[:, pos // cfg.page_size] * cfg.page_size
+                             + pos % cfg.page_size).to(I32).contiguous()
+        self.seq_lens = torch.full((B,), cfg.seq_len, device=self.device, dtype=I32)
+        # Routed-expert banks, aliased round-robin across the MoE layers.
+        E, I, L = cfg.experts, cfg.expert_inter, cfg.latent
+        self.banks = {b: (self._w(L, E, 2 * I, L), self._w(I, E, L, I)) for b in cfg.banks_used}
+
+    def _attn_res_weights(self) -> AttnResWeights:
+        # query std 1/sqrt(H): logits against unit-RMS rows are O(1), so the softmax mixes.
+        return AttnResWeights(self._randn(self.cfg.hidden, std=self.cfg.hidden ** -0.5),
+                              self._norm_w(self.cfg.hidden))
+
+    def _build_layer(self, l: int) -> Layer:
+        cfg = self.cfg
+        attn = self._build_kda() if cfg.attention_family(l) == KDA else self._build_mla()
+        mlp = self._build_moe(l) if cfg.mlp_family(l) == MOE else self._build_dense()
+        return Layer(l, self._attn_res_weights(), self._attn_res_weights(), attn, mlp)
+
+    def _build_kda(self) -> KDALayer:
+        c, H, B = self.cfg, self.cfg.hidden, self.cfg.batch
+        NH, D = c.kda_heads, c.kda_head_dim
+        return KDALayer(
+            qkvg=self._w(H, H, c.qkvg_width), fab=self._w(H, H, c.fab_width),
+            f_b=self._w(c.kda_f_rank, c.kda_f_rank, c.kda_width),
+            conv_w=self._randn(c.conv_channels, c.conv_width, std=0.5),
+            # alpha = exp(-5 sigmoid(exp(A_log) (f + dt_bias))): dt_bias ~ -2 keeps most
+            # channels' decay in 0.4..0.9, so the state carries history.
+            A_log=torch.log(torch.rand(NH, generator=self._gen, device=self.device) + 0.5),
+            dt_bias=self._randn(c.kda_width, std=0.5, dtype=F32, mean=-2.0),
+            norm_w=self._norm_w(D), o_proj=self._w(c.kda_width, c.kda_width, H),
+            state=self._randn(B, NH, D, D, std=0.05, dtype=F32),
+            conv_state=self._randn(B, c.conv_width - 1, c.conv_channels))
+
+    def _build_mla(self) -> MLALayer:
+        c, H = self.cfg, self.cfg.hidden
+        NH = c.mla_heads
+        # History rows ~ N(0, 1): the scale of the normalised latents the model writes.
+        cache = self._randn(c.batch * c.pages_per_request, c.page_size, c.kv_a_width)
+        return MLALayer(
+            q_a=self._w(H, H, c.q_lora), q_a_norm=self._norm_w(c.q_lora),
+            q_b=self._w(c.q_lora, c.q_lora, c.q_b_width),
+            w_uk=self._w(c.qk_nope, NH, c.qk_nope, c.kv_lora),
+            kv_a=self._w(H, H, c.kv_a_width), kv_a_norm=self._norm_w(c.kv_lora),
+            w_uv=self._w(c.kv_lora, NH, c.kv_lora, c.v_head),
+            g_proj=self._w(H, H, c.mla_out_width),
+            o_proj=self._w(c.mla_out_width, c.mla_out_width, H), cache=cache)
+
+    def _build_moe(self, l: int) -> MoELayer:
+        c, H = self.cfg, self.cfg.hidden
+        w13, w2 = self.banks[c.expert_bank(l)]
+        return MoELayer(
+            front=self._w(H, H, c.front_width),
+            router_bias=self._randn(c.experts, std=0.05, dtype=F32),
+            w13=w13, w2=w2, latent_norm=self._norm_w(c.latent), up=self._w(c.latent, c.latent, H),
+            shared_down=self._w(c.shared_inter, c.shared_inter, H))
+
+    def _build_dense(self) -> DenseLayer:
+        c, H = self.cfg, self.cfg.hidden
+        return DenseLayer(gate_up=self._w(H, H, 2 * c.dense_inter),
+                          down=self._w(c.dense_inter, c.dense_inter, H))
+
+    # ---- plan-checked launching ----------------------------------------------------------
+    def _expect(self, item_type: type, **fields) -> P.Item:
+        item = next(self._items, None)
+        if not isinstance(item, item_type) or any(getattr(item, k) != v for k, v in fields.items()):
+            where = self._seg.range_name if self._seg else "step"
+            raise PlanMismatch(f"{where}: plan has {item!r}, model issued {item_type.__name__}{fields}")
+        return item
+
+    @contextmanager
+    def _segment(self, layer: int, family: str):
+        if self._seg_i >= len(self.plan.segments):
+            raise PlanMismatch(f"layer.{layer}.{family}: the plan has no more segments")
+        seg = self.plan.segments[self._seg_i]
+        if (seg.layer, seg.family) != (layer, family):
+            raise PlanMismatch(f"plan has {seg.range_name}, model opened layer.{layer}.{family}")
+        self._seg, self._items = seg, iter(seg.items)
+        with nvtx_range(seg.range_name):
+            yield
+        left = next(self._items, None)
+        if left is not None:
+            raise PlanMismatch(f"{seg.range_name}: model skipped {left!r}")
+        self._seg_i += 1
+        self._seg = None
+
+    def _stream(self, label: str):
+        return {P.MAIN: self._main, P.AUX1: self.streams.aux1, P.AUX2: self.streams.aux2}[label]
+
+    @contextmanager
+    def _on(self, label: str):
+        prev, self._label = self._label, label
+        try:
+            with on(self._stream(label)):
+                yield
+        finally:
+            self._label = prev
+
+    def _fork(self, side: str, enabled: bool = True) -> str:
+        """Fork `side` off main here; returns the stream label the leg runs on."""
+        if not enabled:
+            return P.MAIN
+        self._expect(P.Fork, side=side)
+        fork(self._main, self._stream(side), enabled=True)
+        return side
+
+    def _join(self, side: str) -> None:
+        if side == P.MAIN:
+            return
+        self._expect(P.Join, side=side)
+        join(self._main, self._stream(side), enabled=True)
+
+    def _all_reduce(self) -> None:
+        item = self._expect(P.AllReduce)
+        with nvtx_range(item.range_name):
+            pass  # one GPU stands in for the TP group: the range marks where it would run
+
+    def _triton(self, subop: str, fn, *args, **kwargs) -> None:
+        item = self._expect(P.Launch, subop=subop, stream=self._label, kind=P.TRITON,
+                            launcher=fn.__name__)
+        delay = self.variant.delay_ns if item.matches_delay(self.variant) else 0
+        with nvtx_range(subop):
+            fn(*args, **kwargs, delay_ns=delay)
+
+    def _cute(self, subop: str, fn, *args, **kwargs) -> None:
+        item = self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUTE, launcher=fn.__name__)
+        delay = self.variant.delay_ns if item.matches_delay(self.variant) else 0
+        with nvtx_range(subop):
+            fn(*args, **kwargs, delay_ns=delay)
+
+    def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+        self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
+        with nvtx_range(subop):
+            torch.mm(a, w, out=out)
+
+    def _bmm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+        # a, out may be strided views; cuBLAS takes them as they are (no copy kernels:
+        # the graph-node test would count them).
+        self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="bmm")
+        with nvtx_range(subop):
+            torch.bmm(a, w, out=out)
+
+    # ---- the step -----------------------------------------------------------------------
+    def step(self) -> None:
+        """One decode step (all layers). The caller opens the `decode_step` range."""
+        cfg = self.cfg
+        self._main = self.streams.main  # the capture stream under torch.cuda.graph
+        self._seg_i, self._label = 0, P.MAIN
+        self.bank[0].copy_(self.embed)  # the step's input opens block 0's partial
+        for l in cfg.layers:
+            L = self.layers[l]
+            self._attn_res(l, "attn", L.pre_attn)
+            if isinstance(L.attn, KDALayer):
+                self._kda(l, L.attn)
+            else:
+                self._mla(l, L.attn)
+            self._attn_res(l, "mlp", L.pre_mlp)
+            if isinstance(L.mlp, MoELayer):
+                self._moe(l, L.mlp)
+            else:
+                self._dense(l, L.mlp)
+        if self._seg_i != len(self.plan.segments):
+            raise PlanMismatch(f"step ended after {self._seg_i} of {len(self.plan.segments)} segments")
+
+    def _partial(self, l: int) -> torch.Tensor:
+        return self.bank[self.cfg.partial_row(l)]
+
+    def _attn_out(self, l: int) -> torch.Tensor:
+        # A layer that opens a block writes its attention output straight into the new
+        # partial row; any other layer's output is added in the pre-MLP segment.
+        return self._partial(l) if self.cfg.opens_block(l) else self.s.attn_out
+
+    def _attn_res(self, l: int, site: str, w: AttnResWeights) -> None:
+        cfg, s = self.cfg, self.s
+        n = cfg.bank_rows(l, site)
+        pending = site == "mlp" and not cfg.opens_block(l)  # attention output to add
+        with self._segment(l, ATTN_RES):
+            addend = None
+            if pending and self.variant.residual_folded:
+                addend = s.attn_out
+            elif pending:
+                self._triton(P.RESIDUAL_ADD, residual_add, self._partial(l), s.attn_out)
+            self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
+                         addend=addend)
+            self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.attn_res_scores,
+                         w.gamma, s.x, eps=cfg.norm_eps)
+
+    def _kda(self, l: int, w: KDALayer) -> None:
+        cfg, s, v = self.cfg, self.s, self.variant
+        gate_in = s.qkvg[:, cfg.conv_channels:]  # g: the output gate, not convolved
+        with self._segment(l, KDA):
+            side = self._fork(P.AUX2, v.attn_forks)
+            self._mm(P.QKVG, s.x, w.qkvg, s.qkvg)
+            with self._on(side):  # gate/beta GEMVs: read only x
+                self._mm(P.FAB, s.x, w.fab, s.fab)
+                self._mm(P.F_B, s.fab[:, :cfg.kda_f_rank], w.f_b, s.fb)
+            self._triton(P.CONV, kda_conv_silu, s.qkvg, w.conv_state, w.conv_w, self.slot_idx,
+                         s.conv_out)
+            self._join(side)
+            fused = v.kda_norm_fused
+            if v.kda_cute:
+                # Imported only for this variant: it needs cutlass and cuda.bindings.
+                from kernels.k3.ops.kda_cute import kda_step_cute
+
+                self._cute(P.KDA_STEP, kda_step_cute, s.conv_out, s.fab, s.fb, w.A_log, w.dt_bias,
+                           gate_in, w.state, self.slot_idx, w.norm_w, s.kda_out, eps=cfg.norm_eps)
+                self._mm(P.O_PROJ, s.kda_out, w.o_proj, self._attn_out(l))
+                self._all_reduce()
+                return
+            self._triton(P.KDA_STEP, kda_step, s.conv_out, s.fab, s.fb, w.A_log, w.dt_bias,
+                         gate_in, w.state, self.slot_idx, w.norm_w, s.kda_out,
+                         fuse_norm=fused, o_scratch=None if fused else s.kda_o, eps=cfg.norm_eps)
+            if not fused:
+                self._triton(P.KDA_NORM, kda_gated_rmsnorm, s.kda_o, gate_in, w.norm_w,
+                             s.kda_out, eps=cfg.norm_eps)
+            self._mm(P.O_PROJ, s.kda_out, w.o_proj, self._attn_out(l))
+            self._all_reduce()
+
+    def _mla(self, l: int, w: MLALayer) -> None:
+        cfg, s, v = self.cfg, self.s, self.variant
+        B, NH = cfg.batch, cfg.mla_heads
+        q_b = s.q_b.view(B, NH, cfg.qk_head)
+        q_nope, q_rope = q_b[:, :, :cfg.qk_nope], q_b[:, :, cfg.qk_nope:]
+        kv_lat_in, k_rope = s.kv_a[:, :cfg.kv_lora], s.kv_a[:, cfg.kv_lora:]
+        cache_args = {"cache": w.cache, "kv_latent": s.kv_lat, "k_rope": k_rope,
+                      "slot_mapping": self.slot_mapping}
+        with self._segment(l, MLA):
+            kv = self._fork(P.AUX1, v.attn_forks)  # Q chain || KV chain (both read only x)
+            self._mm(P.Q_A, s.x, w.q_a, s.q_a)
+            self._triton(P.Q_A_NORM, rmsnorm, s.q_a, w.q_a_norm, s.q_a_n, cfg.norm_eps)
+            self._mm(P.Q_B, s.q_a_n, w.q_b, s.q_b)
+            self._bmm(P.ABSORB, q_nope.transpose(0, 1), w.w_uk, s.q_abs)
+            with self._on(kv):
+                self._mm(P.KV_A, s.x, w.kv_a, s.kv_a)
+                self._triton(P.KV_A_NORM, rmsnorm, kv_lat_in, w.kv_a_norm, s.kv_lat, cfg.norm_eps)
+                if v.attn_forks:  # forked: the KV leg writes its own cache row
+                    self._triton(P.CACHE_INSERT, mla_cache_insert, s.kv_lat, k_rope, w.cache,
+                                 self.slot_mapping)
+            self._join(kv)
+            self._triton(P.Q_CONCAT, mla_q_concat, s.q_abs.transpose(0, 1), q_rope, s.q_full,
+                         split_rows=v.mla_epilogue_split,
+                         # Forks off: the KV norm ran just before on this stream, so the
+                         # split variant's cache programs must wait for it too.
+                         **({} if v.attn_forks else {**cache_args, "cache_wait": True}))
+            gate = self._fork(P.AUX2, v.attn_forks)
+            with self._on(gate):  # overlaps the FMHA
+                self._mm(P.G_PROJ, s.x, w.g_proj, s.g)
+            self._triton(P.FMHA, mla_decode_fmha, s.q_full, w.cache, self.block_table,
+                         self.seq_lens, s.fmha_partial, s.fmha_lse, cfg.sm_scale,
+                         num_splits=cfg.fmha_splits, page_size=cfg.page_size)
+            self._triton(P.FMHA_COMBINE, mla_decode_combine, s.fmha_partial, s.fmha_lse,
+                         self.seq_lens, s.attn_lat.transpose(0, 1))
+            self._bmm(P.V_UP, s.attn_lat, w.w_uv, s.mla_o.transpose(0, 1))
+            self._join(gate)
+            self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
+                         s.mla_gated)
+            self._mm(P.O_PROJ, s.mla_gated, w.o_proj, self._attn_out(l))
+            self._all_reduce()
+
+    def _moe(self, l: int, w: MoELayer) -> None:
+        cfg, s, v = self.cfg, self.s, self.variant
+        sl = cfg.front_slices
+        logits = s.front[:, slice(*sl["router"])]
+        latent = s.front[:, slice(*sl["latent"])]
+        shared_gu = s.front[:, slice(*sl["shared"])]
+        ids, weights = s.topk_ids[l], s.topk_w[l]
+        seg = (s.sorted_pairs, s.seg_expert, s.seg_start, s.num_segs)
+        with self._segment(l, MOE):
+            self._mm(P.FRONT, s.x, w.front, s.front)
+            shared = self._fork(P.AUX1)  # shared experts on S1 in every variant
+            with self._on(shared):
+                self._triton(P.SHARED_ACT, situ_mul, shared_gu, s.shared_h)
+                self._mm(P.SHARED_DOWN, s.shared_h, w.shared_down, s.shared_out)
+            self._triton(P.ROUTER, moe_router, logits, w.router_bias, ids, weights,
+                         scale=cfg.routed_scale, multipass=v.router_multipass,
+                         scratch=s.router_scratch, group_size=cfg.router_group)
+            self._triton(P.ALIGN, moe_align, ids, cfg.experts, *seg)
+            self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg, s.expert_gu,
+                         top_k=cfg.top_k, x_is_per_token=True)
+            self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
+            self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.expert_y,
+                         top_k=cfg.top_k, x_is_per_token=False)
+            self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat)
+            self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
+                         cfg.norm_eps)
+            self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
+            self._join(shared)
+            self._triton(P.ADD3, add3, self._partial(l), s.routed_out, s.shared_out)
+            self._all_reduce()
+
+    def _dense(self, l: int, w: DenseLayer) -> None:
+        s = self.s
+        with self._segment(l, DENSE):
+            self._mm(P.GATE_UP, s.x, w.gate_up, s.dense_gu)
+            self._triton(P.ACT, situ_mul, s.dense_gu, s.dense_h)
+            self._mm(P.DOWN, s.dense_h, w.down, s.dense_out)
+            self._all_reduce()
+            self._triton(P.RESIDUAL_ADD, residual_add, self._partial(l), s.dense_out)
+
+    # ---- results ------------------------------------------------------------------------
+    def hidden(self) -> torch.Tensor:
+        """The bank rows the step filled: [rows, B, H] (completed blocks + the partial)."""
+        return self.bank[:self.cfg.bank_rows_max]
+
+    def routing(self, layer: int) -> torch.Tensor:
+        """topk ids [B, top_k] the last step chose at `layer` (a MoE layer)."""
+        return self.s.topk_ids[layer]
+
+    def mutable_state(self) -> dict[str, torch.Tensor]:
+        """Everything step() updates in place besides activations (for cloning/restoring)."""
+        out: dict[str, torch.Tensor] = {"bank": self.bank}
+        for l, L in self.layers.items():
+            if isinstance(L.attn, KDALayer):
+                out[f"{l}.state"], out[f"{l}.conv_state"] = L.attn.state, L.attn.conv_state
+            else:
+                out[f"{l}.cache"] = L.attn.cache
+        return out
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: t.clone() for k, t in self.mutable_state().items()}
+
+    def restore(self, snap: dict[str, torch.Tensor]) -> None:
+        for k, t in self.mutable_state().items():
+            t.copy_(snap[k])
+

@@ -1,0 +1,101 @@
+"""Shared pieces of the K3 Triton ops: the PDL switch, the injected-delay spin, launch.
+
+Under `TRITON_INTERPRET=1` (CPU tests) there is no griddepcontrol, no globaltimer and a
+bf16 `tl.dot` that multiplies raw bit patterns, so:
+- `PDL` is False: kernels take `USE_PDL: tl.constexpr` and the gdc calls compile out;
+- delays are forced to 0 (the spin reads globaltimer);
+- `DOT_F32` is True: `dot` upcasts its operands (exact for bf16 inputs) before `tl.dot`;
+- `to_dtype` rounds fp32 -> bf16 to nearest even (the interpreter's cast truncates).
+On a GPU none of these workarounds is compiled in.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# The Triton interpreter (CPU tests) has no griddepcontrol; on a GPU every kernel uses it.
+PDL = not INTERPRET
+# The interpreter's bf16 tl.dot is wrong (numpy matmul over uint16 storage): upcast there.
+DOT_F32 = INTERPRET
+# Visible inside @triton.jit functions (module globals there must be constexpr).
+INTERPRET_C: tl.constexpr = tl.constexpr(INTERPRET)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+@triton.jit
+def spin(DELAY_NS: tl.constexpr):
+    # Injected-delay variant: hold every program DELAY_NS longer, after its last store and
+    # before its PDL trigger. Measured on the H200: work after the trigger is reported as
+    # the *dependent* kernel's time, so a spin there would not lengthen this kernel.
+    if DELAY_NS > 0:
+        t0 = tl.extra.cuda.globaltimer()
+        while tl.extra.cuda.globaltimer() - t0 < DELAY_NS:
+            pass
+
+
+@triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):
+    # Everything the previous kernel wrote is visible after this; load it only after.
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def pdl_trigger(USE_PDL: tl.constexpr):
+    # Lets the next PDL kernel launch; its own gdc_wait still waits for our completion.
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def dot(a, b, acc, F32: tl.constexpr):
+    """acc + a @ b with f32 accumulation; F32 upcasts the operands (interpreter only)."""
+    if F32:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        r = tl.dot(a, b, acc)
+    return r
+
+
+@triton.jit
+def to_dtype(x, dtype: tl.constexpr):
+    """x.to(dtype). The interpreter's fp32 -> bf16 cast truncates; round to nearest even
+    there by hand (integer carry into the upper 16 bits) so CPU results match the GPU's
+    cvt.rn bit for bit. Compiled out on a GPU."""
+    if INTERPRET_C and dtype == tl.bfloat16 and x.dtype == tl.float32:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        x = bits.to(tl.float32, bitcast=True)  # representable in bf16: the cast is exact
+    return x.to(dtype)
+
+
+@triton.jit
+def tanh(x):
+    # exp-based (the interpreter has no libdevice); odd Taylor series near 0 where
+    # 1 - exp(-2|x|) would cancel. Both branches are accurate to ~1e-6 relative.
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    t = (1.0 - e) / (1.0 + e)
+    x2 = ax * ax
+    p = ax * (1.0 - x2 * (0.3333333333333333 - x2 * (0.13333333333333333 - x2 * 0.05396825396825397)))
+    t = tl.where(ax < 0.125, p, t)
+    return tl.where(x < 0, -t, t)
+
+
+def launch(kernel, grid, *args, delay_ns: int = 0, **meta) -> None:
+    """Launch `kernel` PDL-style with the USE_PDL / DELAY_NS constexprs every K3 kernel takes."""
+    if delay_ns < 0:
+        raise ValueError("delay_ns must be >= 0")
+    kernel[grid](*args, **meta, USE_PDL=PDL, DELAY_NS=int(delay_ns) if PDL else 0,
+                 launch_pdl=PDL)

@@ -1,0 +1,199 @@
+"""Kimi Delta Attention decode: short conv + SiLU, the gated delta-rule step, gated RMSNorm.
+
+Per rank: NH = 12 heads, DK = DV = 128 (sizes come from tensor shapes, so the tiny test
+model works too). Layouts:
+- qkvg `[B, 4*NH*D]` = q | k | v | g (the qkvg GEMM output); the conv runs over q, k, v.
+- conv_state `[slots, 3, C]` (C = 2*NH*DK + NH*DV): the 3 previous inputs, oldest first;
+  conv_w `[C, 4]`, tap 3 multiplies the new input (causal_conv1d_update's convention).
+- fab `[B, F + NH]` = f_a (F, consumed by the f_b GEMM) | b (NH beta logits).
+- fb `[B, NH*DK]` = f, the gate pre-activation; A_log `[NH]`, dt_bias `[NH*DK]` fp32.
+- state `[slots, NH, DV, DK]` fp32, indexed by slot_idx `[B]` int32.
+
+The step, per (token, head), state S[v, k]:
+    q^ = q * rsqrt(sum q^2 + 1e-6) * DK^-1/2,  k^ = k * rsqrt(sum k^2 + 1e-6)
+    alpha[k] = exp(-5 * sigmoid(exp(A_log[h]) * (f[k] + dt_bias[k]))),  beta = sigmoid(b[h])
+    S *= alpha[None, :];  u = beta * (v - S @ k^);  S += u[:, None] * k^[None, :];  o = S @ q^
+    out = o * rsqrt(mean(o^2) + eps) * norm_w * sigmoid(g)      (gated RMSNorm)
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.k3.ops.common import cdiv, launch, next_pow2, pdl_trigger, pdl_wait, spin, to_dtype
+
+EPS = 1e-6
+L2_EPS = 1e-6
+CONV_BLOCK = 256   # 18 programs per token at C = 4608
+SPLIT_BV = 32      # unfused step: V split in 4 -> 48 programs at B = 1
+
+
+# --------------------------------------------------------------------------------------
+# Short convolution (width 4) + SiLU over the q, k, v channels.
+# --------------------------------------------------------------------------------------
+@triton.jit
+def kda_conv_silu_kernel(qkvg, conv_state, conv_w, slot_idx, out, C,
+                         stride_x, stride_ss, stride_sj, stride_out,
+                         BLOCK: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    b = tl.program_id(0)
+    cs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cm = cs < C
+    # The window and the taps are older data: read them before the wait.
+    slot = tl.load(slot_idx + b).to(tl.int64)
+    sp = conv_state + slot * stride_ss + cs
+    s0 = tl.load(sp, mask=cm, other=0.0)
+    s1 = tl.load(sp + stride_sj, mask=cm, other=0.0)
+    s2 = tl.load(sp + 2 * stride_sj, mask=cm, other=0.0)
+    w0 = tl.load(conv_w + cs * 4 + 0, mask=cm, other=0.0).to(tl.float32)
+    w1 = tl.load(conv_w + cs * 4 + 1, mask=cm, other=0.0).to(tl.float32)
+    w2 = tl.load(conv_w + cs * 4 + 2, mask=cm, other=0.0).to(tl.float32)
+    w3 = tl.load(conv_w + cs * 4 + 3, mask=cm, other=0.0).to(tl.float32)
+    pdl_wait(USE_PDL)
+    x = tl.load(qkvg + b.to(tl.int64) * stride_x + cs, mask=cm, other=0.0)
+    acc = w0 * s0.to(tl.float32) + w1 * s1.to(tl.float32) + w2 * s2.to(tl.float32) \
+        + w3 * x.to(tl.float32)
+    # Each program owns its channels of this slot's window: the in-place shift cannot race.
+    tl.store(sp, s1, mask=cm)
+    tl.store(sp + stride_sj, s2, mask=cm)
+    tl.store(sp + 2 * stride_sj, to_dtype(x, conv_state.dtype.element_ty), mask=cm)
+    tl.store(out + b.to(tl.int64) * stride_out + cs,
+             to_dtype(acc * tl.sigmoid(acc), out.dtype.element_ty), mask=cm)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+def kda_conv_silu(qkvg: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor,
+                  slot_idx: torch.Tensor, out: torch.Tensor, *, delay_ns: int = 0) -> torch.Tensor:
+    """out = SiLU(causal depthwise conv4 over [window, new]); the window shifts in place."""
+    B = qkvg.shape[0]
+    _, taps, C = conv_state.shape
+    assert taps == 3 and conv_w.shape == (C, 4) and conv_w.is_contiguous()
+    assert qkvg.shape[1] >= C and qkvg.stride(1) == 1 and conv_state.stride(2) == 1
+    assert out.shape == (B, C) and out.stride(1) == 1 and slot_idx.shape == (B,)
+    launch(kda_conv_silu_kernel, (B, cdiv(C, CONV_BLOCK)), qkvg, conv_state, conv_w, slot_idx,
+           out, C, qkvg.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0),
+           BLOCK=CONV_BLOCK, num_warps=4, delay_ns=delay_ns)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Delta-rule step (+ fused gated RMSNorm epilogue).
+# --------------------------------------------------------------------------------------
+@triton.jit
+def kda_step_kernel(qkv, fab, fb, A_log, dt_bias, g_out, state, slot_idx, norm_w, out,
+                    stride_qkv, stride_fab, stride_fb, stride_g, stride_out,
+                    stride_ss, stride_sh, B_OFF, q_scale, eps,
+                    NH: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                    FUSE_NORM: tl.constexpr,
+                    USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    vb = tl.program_id(2)
+    ks = tl.arange(0, DK)
+    vs = vb * BV + tl.arange(0, BV)
+    # The recurrent state is last step's data: issue its (large) load before the wait.
+    slot = tl.load(slot_idx + b).to(tl.int64)
+    sp = state + slot * stride_ss + h * stride_sh + vs[:, None] * DK + ks[None, :]
+    S = tl.load(sp)
+    a_h = tl.exp(tl.load(A_log + h).to(tl.float32))
+    dtb = tl.load(dt_bias + h * DK + ks).to(tl.float32)
+    if FUSE_NORM:
+        nw = tl.load(norm_w + vs).to(tl.float32)
+        # g comes from the qkvg GEMM, which precedes the conv kernel: older than our producer.
+        gate = tl.load(g_out + b.to(tl.int64) * stride_g + h * DV + vs).to(tl.float32)
+    # fab / fb come from the S2 GEMMs: with forks off one may be our direct producer.
+    pdl_wait(USE_PDL)
+    row = qkv + b.to(tl.int64) * stride_qkv
+    q = tl.load(row + h * DK + ks).to(tl.float32)
+    k = tl.load(row + NH * DK + h * DK + ks).to(tl.float32)
+    v = tl.load(row + 2 * NH * DK + h * DV + vs).to(tl.float32)
+    f = tl.load(fb + b.to(tl.int64) * stride_fb + h * DK + ks).to(tl.float32)
+    beta = tl.sigmoid(tl.load(fab + b.to(tl.int64) * stride_fab + B_OFF + h).to(tl.float32))
+    q = q * (tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * q_scale)
+    k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+    alpha = tl.exp(-5.0 * tl.sigmoid(a_h * (f + dtb)))
+    S = S * alpha[None, :]
+    u = beta * (v - tl.sum(S * k[None, :], 1))
+    S = S + u[:, None] * k[None, :]
+    o = tl.sum(S * q[None, :], 1)
+    tl.store(sp, S)
+    ob = out + b.to(tl.int64) * stride_out + h * DV + vs
+    if FUSE_NORM:
+        # Normalise the fp32 accumulator directly (no o round trip through memory).
+        y = o * tl.rsqrt(tl.sum(o * o, 0) / DV + eps) * nw * tl.sigmoid(gate)
+        tl.store(ob, to_dtype(y, out.dtype.element_ty))
+    else:
+        tl.store(ob, to_dtype(o, out.dtype.element_ty))
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+@triton.jit
+def kda_gated_rmsnorm_kernel(o, g_out, norm_w, out, stride_o, stride_g, stride_out, eps,
+                             DV: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    vs = tl.arange(0, DV)
+    nw = tl.load(norm_w + vs).to(tl.float32)
+    # g comes from the qkvg GEMM, two kernels before our producer (kda_step): older data.
+    gate = tl.load(g_out + b * stride_g + h * DV + vs).to(tl.float32)
+    pdl_wait(USE_PDL)
+    x = tl.load(o + b * stride_o + h * DV + vs).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, 0) / DV + eps) * nw * tl.sigmoid(gate)
+    tl.store(out + b * stride_out + h * DV + vs, to_dtype(y, out.dtype.element_ty))
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+def _step_shapes(qkv, fab, fb, A_log, dt_bias, state, slot_idx):
+    B = qkv.shape[0]
+    _, NH, DV, DK = state.shape
+    assert state.dtype == torch.float32 and state.stride(3) == 1 and state.stride(2) == DK
+    assert DK == next_pow2(DK) and DV == next_pow2(DV)
+    assert qkv.shape == (B, 2 * NH * DK + NH * DV) and qkv.stride(1) == 1
+    assert fab.shape[0] == B and fab.shape[1] >= NH and fab.stride(1) == 1
+    assert fb.shape == (B, NH * DK) and fb.stride(1) == 1
+    assert A_log.shape == (NH,) and dt_bias.shape == (NH * DK,) and slot_idx.shape == (B,)
+    return B, NH, DV, DK
+
+
+def kda_step(qkv: torch.Tensor, fab: torch.Tensor, fb: torch.Tensor, A_log: torch.Tensor,
+             dt_bias: torch.Tensor, g_out: torch.Tensor, state: torch.Tensor,
+             slot_idx: torch.Tensor, norm_w: torch.Tensor, out: torch.Tensor, *,
+             fuse_norm: bool = True, o_scratch: torch.Tensor | None = None, eps: float = EPS,
+             delay_ns: int = 0) -> torch.Tensor:
+    """One delta-rule step per (token, head), state updated in place.
+
+    fuse_norm=True: out = gated RMSNorm of o (grid (B, NH): the norm needs all of V).
+    fuse_norm=False: o (fp32 or bf16) goes to o_scratch; grid (B, NH, DV/32) keeps more
+    programs busy at small B; run `kda_gated_rmsnorm(o_scratch, g_out, norm_w, out)` next.
+    Returns the tensor written (out or o_scratch).
+    """
+    B, NH, DV, DK = _step_shapes(qkv, fab, fb, A_log, dt_bias, state, slot_idx)
+    if fuse_norm:
+        assert out.shape == (B, NH * DV) and out.stride(1) == 1
+        assert g_out.shape == (B, NH * DV) and g_out.stride(1) == 1 and norm_w.shape == (DV,)
+        dst, BV, warps = out, DV, 8  # [128, 128] fp32 state tile: 64 registers/thread at 8 warps
+    else:
+        assert o_scratch is not None and o_scratch.shape == (B, NH * DV) and o_scratch.stride(1) == 1
+        dst, BV, warps = o_scratch, min(SPLIT_BV, DV), 4
+    launch(kda_step_kernel, (B, NH, DV // BV), qkv, fab, fb, A_log, dt_bias, g_out, state,
+           slot_idx, norm_w, dst, qkv.stride(0), fab.stride(0), fb.stride(0), g_out.stride(0),
+           dst.stride(0), state.stride(0), state.stride(1), fab.shape[1] - NH, DK ** -0.5, eps,
+           NH=NH, DK=DK, DV=DV, BV=BV, FUSE_NORM=fuse_norm, num_warps=warps, delay_ns=delay_ns)
+    return dst
+
+
+def kda_gated_rmsnorm(o: torch.Tensor, g_out: torch.Tensor, norm_w: torch.Tensor, out: torch.Tensor,
+                      *, eps: float = EPS, delay_ns: int = 0) -> torch.Tensor:
+    """out = RMSNorm_DV(o) * norm_w * sigmoid(g_out), per head of DV = norm_w.shape[0]."""
+    B, N = o.shape
+    DV = norm_w.shape[0]
+    assert N % DV == 0 and DV == next_pow2(DV) and o.stride(1) == 1
+    assert g_out.shape == (B, N) and g_out.stride(1) == 1 and out.shape == (B, N) and out.stride(1) == 1
+    launch(kda_gated_rmsnorm_kernel, (B, N // DV), o, g_out, norm_w, out, o.stride(0),
+           g_out.stride(0), out.stride(0), eps, DV=DV, num_warps=1 if DV <= 128 else 4,
+           delay_ns=delay_ns)
+    return out

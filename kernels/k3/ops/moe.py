@@ -1,0 +1,370 @@
+"""Routed MoE decode: router top-k, align (group pairs by expert), grouped GEMM, SiTU, sum.
+
+Per rank: E = 896 experts, top-16 (sizes come from shapes / arguments, so tests can run
+64 experts top-4). A "pair" is p = b * top_k + k, token b's k-th routed expert.
+
+Router (sigmoid + correction bias): s = sigmoid(logit); the top-k of s + bias are selected
+(highest first, ties to the lower expert id) and weighted by s, renormalised, times
+`scale`. Selection runs on a packed int64 key = order-preserving bits of (s + bias) << 16 |
+(65535 - id), so one max-reduction per round yields both the winner and the tie-break,
+and the single-CTA and multi-pass routers agree bit for bit (weights are summed in
+selection order in both).
+
+Grouped GEMM: one program per (segment, N-block); a segment is one expert's run of pairs
+in `sorted_pairs`, so each weight tile is read once for all of them. The weight stream is
+the step's dominant cost (~130 MB per MoE layer at B = 1): swap-AB dot (weights are the
+M side, the handful of pairs the N side), K loop software-pipelined (num_stages), several
+programs per expert along N so all SMs stream.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.k3.ops.common import (
+    DOT_F32,
+    cdiv,
+    dot,
+    launch,
+    next_pow2,
+    pdl_trigger,
+    pdl_wait,
+    spin,
+    tanh,
+    to_dtype,
+)
+
+ID_BITS = 16  # expert ids < 65536 in the packed key
+ROUTER_GROUP = 128  # multipass: experts per pass-1 program (7 groups at E = 896)
+
+
+# --------------------------------------------------------------------------------------
+# Router
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _packed_key(key, ids):
+    # Order-preserving map of fp32 to [0, 2^32), then the inverted id in the low 16 bits:
+    # a larger packed key = a larger score, or the same score and a lower id.
+    bits = key.to(tl.int32, bitcast=True)
+    b64 = bits.to(tl.int64)
+    ordered = tl.where(bits >= 0, b64 + 2147483648, -1 - b64)
+    return ordered * 65536 + (65535 - ids).to(tl.int64)
+
+
+@triton.jit
+def _pick_max(k1, s1, k2, s2):
+    gt = k1 > k2
+    return tl.where(gt, k1, k2), tl.where(gt, s1, s2)
+
+
+@triton.jit
+def _select_topk(packed, s, K: tl.constexpr, KP: tl.constexpr):
+    """K rounds of argmax over packed keys (-1 = empty). Returns the keys and scores in
+    selection order and their sum, accumulated in that order (bit-stable across paths)."""
+    kk = tl.arange(0, KP)
+    keys = tl.full([KP], -1, tl.int64)
+    vals = tl.zeros([KP], dtype=tl.float32)
+    tot = tl.zeros([], dtype=tl.float32)
+    for i in range(K):
+        pm, ps = tl.reduce((packed, s), 0, _pick_max)
+        keys = tl.where(kk == i, pm, keys)
+        vals = tl.where(kk == i, ps, vals)
+        tot += ps
+        packed = tl.where(packed == pm, -1, packed)
+    return keys, vals, tot
+
+
+@triton.jit
+def _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K: tl.constexpr, KP: tl.constexpr):
+    kk = tl.arange(0, KP)
+    ids = (65535 - (keys & 65535)).to(tl.int32)
+    tl.store(topk_ids + b * K + kk, ids, mask=kk < K)
+    tl.store(topk_w + b * K + kk, vals / tot * scale, mask=kk < K)
+
+
+@triton.jit
+def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
+                      K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
+                      USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    b = tl.program_id(0)
+    es = tl.arange(0, BLOCK_E)
+    em = es < E
+    bv = tl.load(bias + es, mask=em, other=0.0).to(tl.float32)  # a weight: before the wait
+    pdl_wait(USE_PDL)
+    s = tl.sigmoid(tl.load(logits + b.to(tl.int64) * stride_l + es, mask=em, other=0.0).to(tl.float32))
+    packed = tl.where(em, _packed_key(s + bv, es), -1)
+    keys, vals, tot = _select_topk(packed, s, K, KP)
+    _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K, KP)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+@triton.jit
+def moe_router_group_kernel(logits, bias, scratch, E, stride_l,
+                            K: tl.constexpr, KP: tl.constexpr, GS: tl.constexpr,
+                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # Pass 1: the top-K candidates of one group of GS experts -> scratch[b, g, :, (key, s)].
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    ng = tl.num_programs(1)
+    es = g * GS + tl.arange(0, GS)
+    em = es < E
+    bv = tl.load(bias + es, mask=em, other=0.0).to(tl.float32)
+    pdl_wait(USE_PDL)
+    s = tl.sigmoid(tl.load(logits + b.to(tl.int64) * stride_l + es, mask=em, other=0.0).to(tl.float32))
+    packed = tl.where(em, _packed_key(s + bv, es), -1)
+    keys, vals, _ = _select_topk(packed, s, K, KP)
+    kk = tl.arange(0, KP)
+    dst = scratch + ((b * ng + g) * K + kk) * 2
+    tl.store(dst, keys, mask=kk < K)
+    tl.store(dst + 1, vals.to(tl.int32, bitcast=True).to(tl.int64), mask=kk < K)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+@triton.jit
+def moe_router_merge_kernel(scratch, topk_ids, topk_w, NC, scale,
+                            K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr,
+                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # Pass 2: the global top-K is inside the union of the groups' top-K (same total order).
+    b = tl.program_id(0)
+    cs = tl.arange(0, BLOCK_C)
+    cm = cs < NC
+    pdl_wait(USE_PDL)
+    src = scratch + (b * NC + cs) * 2
+    packed = tl.load(src, mask=cm, other=-1)
+    s = tl.load(src + 1, mask=cm, other=0).to(tl.int32).to(tl.float32, bitcast=True)
+    keys, vals, tot = _select_topk(packed, s, K, KP)
+    _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K, KP)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+def router_scratch_shape(B: int, num_experts: int, top_k: int,
+                         group_size: int = ROUTER_GROUP) -> tuple[int, int, int, int]:
+    return (B, cdiv(num_experts, group_size), top_k, 2)
+
+
+def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
+               topk_w: torch.Tensor, *, scale: float = 1.0, multipass: bool = False,
+               scratch: torch.Tensor | None = None, group_size: int = ROUTER_GROUP,
+               delay_ns: int = 0) -> None:
+    """Sigmoid + bias top-k routing. multipass=True: pass 1 per (token, group of
+    `group_size` experts), pass 2 merges; `scratch` (int64, `router_scratch_shape`) is
+    allocated when not given (pass it under graph capture). Same ids and weights."""
+    B, E = logits.shape
+    _, K = topk_ids.shape
+    assert E < (1 << ID_BITS) and logits.stride(1) == 1 and bias.shape == (E,)
+    assert topk_ids.shape == (B, K) and topk_w.shape == (B, K)
+    assert topk_ids.is_contiguous() and topk_w.is_contiguous()
+    assert topk_ids.dtype == torch.int32 and topk_w.dtype == torch.float32 and K <= E
+    KP = next_pow2(K)
+    if not multipass:
+        launch(moe_router_kernel, (B,), logits, bias, topk_ids, topk_w, E, logits.stride(0),
+               float(scale), K=K, KP=KP, BLOCK_E=next_pow2(E), num_warps=4, delay_ns=delay_ns)
+        return
+    assert group_size == next_pow2(group_size) and group_size >= K
+    shape = router_scratch_shape(B, E, K, group_size)
+    if scratch is None:
+        scratch = torch.empty(shape, device=logits.device, dtype=torch.int64)
+    assert scratch.shape == shape and scratch.dtype == torch.int64 and scratch.is_contiguous()
+    NG = shape[1]
+    # The delay applies to the last kernel of the pair (the one whose stores the consumer reads).
+    launch(moe_router_group_kernel, (B, NG), logits, bias, scratch, E, logits.stride(0),
+           K=K, KP=KP, GS=group_size, num_warps=4)
+    launch(moe_router_merge_kernel, (B,), scratch, topk_ids, topk_w, NG * K, float(scale),
+           K=K, KP=KP, BLOCK_C=next_pow2(NG * K), num_warps=4, delay_ns=delay_ns)
+
+
+# --------------------------------------------------------------------------------------
+# Align: counting sort of the (token, k) pairs by expert (one program).
+# --------------------------------------------------------------------------------------
+@triton.jit
+def moe_align_kernel(topk_ids, sorted_pairs, seg_expert, seg_start, num_segs, P, E, G,
+                     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
+                     USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    ps = tl.arange(0, BLOCK_P)
+    pm = ps < P
+    pdl_wait(USE_PDL)
+    e = tl.load(topk_ids + ps, mask=pm, other=0)
+    e = tl.where(pm, e, E)  # padding -> bin E, which sorts last and is not a segment
+    # Stable by construction: the key orders by expert, then by pair index.
+    skey = tl.sort(e * BLOCK_P + ps)
+    tl.store(sorted_pairs + ps, skey % BLOCK_P, mask=pm)
+    counts = tl.histogram(e, BLOCK_E)
+    es = tl.arange(0, BLOCK_E)
+    nz = (counts > 0) & (es < E)
+    start = tl.cumsum(counts, 0) - counts
+    nzi = nz.to(tl.int32)
+    seg = tl.cumsum(nzi, 0) - nzi
+    nseg = tl.sum(nzi, 0)
+    tl.store(seg_expert + seg, es, mask=nz)
+    tl.store(seg_start + seg, start, mask=nz)
+    gs = tl.arange(0, BLOCK_G)
+    tail = gs >= nseg
+    tl.store(seg_expert + gs, tl.full([BLOCK_G], -1, tl.int32), mask=tail & (gs < G))
+    tl.store(seg_start + gs, tl.full([BLOCK_G], 0, tl.int32) + P, mask=tail & (gs <= G))
+    tl.store(num_segs, nseg)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, sorted_pairs: torch.Tensor,
+              seg_expert: torch.Tensor, seg_start: torch.Tensor, num_segs: torch.Tensor, *,
+              delay_ns: int = 0) -> None:
+    """Group the B*top_k pairs by expert (ascending expert, then pair index).
+
+    sorted_pairs[P]: pair ids; segment i < num_segs[0] covers
+    sorted_pairs[seg_start[i]:seg_start[i+1]], all routed to seg_expert[i]. Entries past
+    num_segs: seg_expert = -1, seg_start = P. G = min(P, num_experts)."""
+    B, K = topk_ids.shape
+    P = B * K
+    G = min(P, num_experts)
+    assert topk_ids.is_contiguous() and topk_ids.dtype == torch.int32
+    assert sorted_pairs.shape == (P,) and seg_expert.shape == (G,) and seg_start.shape == (G + 1,)
+    assert num_segs.shape == (1,)
+    for t in (sorted_pairs, seg_expert, seg_start, num_segs):
+        assert t.dtype == torch.int32 and t.is_contiguous()
+    BLOCK_P = next_pow2(P)
+    assert num_experts * BLOCK_P + BLOCK_P < 2 ** 31
+    launch(moe_align_kernel, (1,), topk_ids, sorted_pairs, seg_expert, seg_start, num_segs,
+           P, num_experts, G, BLOCK_P=BLOCK_P, BLOCK_E=next_pow2(num_experts + 1),
+           BLOCK_G=next_pow2(G + 1), num_warps=4, delay_ns=delay_ns)
+
+
+# --------------------------------------------------------------------------------------
+# Grouped GEMM over segments
+# --------------------------------------------------------------------------------------
+@triton.jit
+def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs, out,
+                            N, K, stride_x, stride_we, stride_wn, stride_out,
+                            TOP_K: tl.constexpr, X_PER_TOKEN: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    g = tl.program_id(0)
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = ns < N
+    kr = tl.arange(0, BLOCK_K)
+    pdl_wait(USE_PDL)  # which expert is the producer's output: nothing to prefetch
+    if g < tl.load(num_segs):
+        e = tl.load(seg_expert + g).to(tl.int64)  # int64: E * N * K overflows int32
+        start = tl.load(seg_start + g)
+        end = tl.load(seg_start + g + 1)
+        w_rows = w + e * stride_we + ns[:, None] * stride_wn
+        for m0 in range(start, end, BLOCK_M):  # one iteration unless > BLOCK_M pairs
+            ms = m0 + tl.arange(0, BLOCK_M)
+            mm = ms < end
+            pair = tl.load(sorted_pairs + ms, mask=mm, other=0)
+            xr = pair // TOP_K if X_PER_TOKEN else pair
+            x_rows = x + xr.to(tl.int64)[:, None] * stride_x
+            # Swap-AB: acc[n, m] = sum_k w[n, k] x[m, k]; weights fill the MMA's M side.
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                ks = k0 + kr
+                if EVEN_N and EVEN_K:
+                    wt = tl.load(w_rows + ks[None, :])
+                else:
+                    wt = tl.load(w_rows + ks[None, :], mask=nm[:, None] & (ks[None, :] < K),
+                                 other=0.0)
+                if EVEN_K:
+                    xt = tl.load(x_rows + ks[None, :], mask=mm[:, None], other=0.0)
+                else:
+                    xt = tl.load(x_rows + ks[None, :], mask=mm[:, None] & (ks[None, :] < K),
+                                 other=0.0)
+                acc = dot(wt, tl.trans(xt), acc, DOT_F32)
+            tl.store(out + pair.to(tl.int64)[None, :] * stride_out + ns[:, None],
+                     to_dtype(acc, out.dtype.element_ty), mask=nm[:, None] & mm[None, :])
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor,
+                     seg_expert: torch.Tensor, seg_start: torch.Tensor, num_segs: torch.Tensor,
+                     out: torch.Tensor, *, top_k: int = 16, x_is_per_token: bool = True,
+                     block_n: int = 64, block_k: int = 128, num_warps: int = 4,
+                     num_stages: int = 4, delay_ns: int = 0) -> torch.Tensor:
+    """out[pair] = x[pair // top_k if x_is_per_token else pair] @ w[expert(pair)].T.
+
+    w is the expert bank [E, N, K] (K contiguous). Grid (G, cdiv(N, block_n)) with
+    G = seg_expert.shape[0]; programs of segments past num_segs exit at once."""
+    _, N, K = w.shape
+    P = sorted_pairs.shape[0]
+    G = seg_expert.shape[0]
+    assert w.stride(2) == 1 and x.stride(1) == 1 and x.shape[1] == K
+    assert out.shape == (P, N) and out.stride(1) == 1
+    assert x.shape[0] * (top_k if x_is_per_token else 1) == P
+    BLOCK_N = max(16, min(block_n, next_pow2(N)))
+    BLOCK_K = max(16, min(block_k, next_pow2(K)))
+    launch(moe_grouped_gemm_kernel, (G, cdiv(N, BLOCK_N)), x, w, sorted_pairs, seg_expert,
+           seg_start, num_segs, out, N, K, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
+           TOP_K=top_k, X_PER_TOKEN=x_is_per_token, BLOCK_M=16, BLOCK_N=BLOCK_N,
+           BLOCK_K=BLOCK_K, EVEN_N=N % BLOCK_N == 0, EVEN_K=K % BLOCK_K == 0, DOT_F32=DOT_F32,
+           num_warps=num_warps, num_stages=num_stages, delay_ns=delay_ns)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# SiTU-mul and the weighted sum
+# --------------------------------------------------------------------------------------
+ELT_BLOCK = 512
+
+
+@triton.jit
+def situ_mul_kernel(gu, out, n, stride_gu, stride_out, BLOCK: tl.constexpr,
+                    USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cm = cs < n
+    pdl_wait(USE_PDL)
+    g = tl.load(gu + row * stride_gu + cs, mask=cm, other=0.0).to(tl.float32)
+    u = tl.load(gu + row * stride_gu + n + cs, mask=cm, other=0.0).to(tl.float32)
+    y = (4.0 * tanh(g * 0.25) * tl.sigmoid(g)) * (25.0 * tanh(u * 0.04))
+    tl.store(out + row * stride_out + cs, to_dtype(y, out.dtype.element_ty), mask=cm)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+def situ_mul(gu: torch.Tensor, out: torch.Tensor, *, delay_ns: int = 0) -> torch.Tensor:
+    """out = 4 tanh(g/4) sigmoid(g) * 25 tanh(u/25), g | u = the two halves of gu's row."""
+    M, two_n = gu.shape
+    n = two_n // 2
+    assert two_n == 2 * n and out.shape == (M, n) and gu.stride(1) == 1 and out.stride(1) == 1
+    launch(situ_mul_kernel, (M, cdiv(n, ELT_BLOCK)), gu, out, n, gu.stride(0), out.stride(0),
+           BLOCK=ELT_BLOCK, num_warps=4, delay_ns=delay_ns)
+    return out
+
+
+@triton.jit
+def moe_weighted_sum_kernel(y, topk_w, out, N, stride_y, stride_out,
+                            TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    ns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    nm = ns < N
+    kk = tl.arange(0, KP)
+    # The router wrote the weights several kernels ago: read them before the wait.
+    wv = tl.load(topk_w + b * TOP_K + kk, mask=kk < TOP_K, other=0.0)
+    pdl_wait(USE_PDL)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in range(TOP_K):
+        wk = tl.sum(tl.where(kk == k, wv, 0.0), 0)
+        acc += wk * tl.load(y + (b * TOP_K + k) * stride_y + ns, mask=nm, other=0.0).to(tl.float32)
+    tl.store(out + b * stride_out + ns, to_dtype(acc, out.dtype.element_ty), mask=nm)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+def moe_weighted_sum(y: torch.Tensor, topk_w: torch.Tensor, out: torch.Tensor, *,
+                     delay_ns: int = 0) -> torch.Tensor:
+    """out[b] = sum_k topk_w[b, k] * y[b * top_k + k] (fp32, in k order)."""
+    B, K = topk_w.shape
+    P, N = y.shape
+    assert P == B * K and out.shape == (B, N) and topk_w.is_contiguous()
+    assert y.stride(1) == 1 and out.stride(1) == 1 and topk_w.dtype == torch.float32
+    launch(moe_weighted_sum_kernel, (B, cdiv(N, ELT_BLOCK)), y, topk_w, out, N, y.stride(0),
+           out.stride(0), TOP_K=K, KP=next_pow2(K), BLOCK=ELT_BLOCK, num_warps=4,
+           delay_ns=delay_ns)
+    return out

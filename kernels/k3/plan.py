@@ -1,0 +1,291 @@
+"""The launch plan of one K3 decode step, as data (kernels/README.md, "Streams and the
+launch plan of one layer").
+
+`build_plan(cfg, variant)` lists, per layer segment and in host issue order, every launch
+(family, sub-op NVTX name, stream, kind, launcher, Triton kernel names), the fork/join
+points and the all-reduce placeholders. `K3Decode.step()` checks each of its launches
+against this list as it issues them (a mismatch raises), so the plan is what runs; the
+GPU test compares the captured graph's kernel nodes with `triton_kernels` /
+`cublas_calls`, and the trace analyser can read the expected counts from here.
+
+Pure Python (no torch): importable by CPU tests and by k3trace.
+
+Fork points. A side leg forks where its input is ready, which for the KDA gate GEMVs, the
+MLA KV chain and g_proj is the pre-attention aggregation that ends the previous segment;
+the KDA and KV legs fork at the start of the segment (they overlap qkvg / the Q chain,
+seed 001), g_proj forks just before the FMHA it overlaps, the MoE shared-expert leg right
+after the front GEMM it reads. Host issue order follows the README listing; with forks
+off every leg runs inline on main in that same order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import k3names
+
+from .config import ATTN_RES, DENSE, KDA, MLA, MOE, K3Config
+from .variants import BASELINE, Variant
+
+MAIN, AUX1, AUX2 = "main", "aux1", "aux2"
+STREAMS = (MAIN, AUX1, AUX2)
+TRITON, CUBLAS, CUTE = "triton", "cublas", "cute"
+
+# ---- sub-op NVTX range names (one range around each launch) ------------------------------
+# attn_res segments
+RESIDUAL_ADD = "residual_add"
+SCORE = "score"
+COMBINE = "combine"
+# KDA
+QKVG, FAB, F_B, CONV, KDA_STEP, KDA_NORM, O_PROJ = (
+    "qkvg", "fab", "f_b", "conv", "kda_step", "kda_norm", "o_proj")
+# MLA
+Q_A, Q_A_NORM, Q_B, ABSORB = "q_a", "q_a_norm", "q_b", "absorb"
+KV_A, KV_A_NORM, CACHE_INSERT, Q_CONCAT = "kv_a", "kv_a_norm", "cache_insert", "q_concat"
+G_PROJ, FMHA, FMHA_COMBINE, V_UP, GATE_MUL = "g_proj", "fmha", "fmha_combine", "v_up", "gate_mul"
+# MoE
+FRONT, SHARED_ACT, SHARED_DOWN = "front", "shared_act", "shared_down"
+ROUTER, ALIGN, EXPERT_GATE_UP, EXPERT_ACT, EXPERT_DOWN = (
+    "router", "align", "expert_gate_up", "expert_act", "expert_down")
+WEIGHTED_SUM, LATENT_NORM, UP, ADD3 = "weighted_sum", "latent_norm", "up", "add3"
+# dense MLP
+GATE_UP, ACT, DOWN = "gate_up", "act", "down"
+
+#: Triton kernel function names behind each launcher of kernels/k3/ops (what a trace's
+#: kernel names and the `delay:<kernel>:<ns>` variant refer to). A launcher that issues
+#: several kernels lists them in launch order; variants pick between entries below.
+TRITON_KERNELS: dict[str, tuple[str, ...]] = {
+    "rmsnorm": ("rmsnorm_kernel",),
+    "attn_res_score": ("attn_res_score_kernel",),
+    "attn_res_combine": ("attn_res_combine_kernel",),
+    "residual_add": ("residual_add_kernel",),
+    "add3": ("residual_add_kernel",),            # the same kernel with HAS_B
+    "kda_conv_silu": ("kda_conv_silu_kernel",),
+    "kda_step": ("kda_step_kernel",),
+    "kda_gated_rmsnorm": ("kda_gated_rmsnorm_kernel",),
+    "mla_q_concat": ("mla_q_concat_kernel",),
+    "mla_cache_insert": ("mla_q_concat_kernel",),  # the same kernel with no query rows
+    "mla_decode_fmha": ("mla_decode_fmha_kernel",),
+    "mla_decode_combine": ("mla_decode_combine_kernel",),
+    "gate_mul": ("gate_mul_kernel",),
+    "moe_router": ("moe_router_kernel",),
+    "moe_router/multipass": ("moe_router_group_kernel", "moe_router_merge_kernel"),
+    "moe_align": ("moe_align_kernel",),
+    "moe_grouped_gemm": ("moe_grouped_gemm_kernel",),
+    "situ_mul": ("situ_mul_kernel",),
+    "moe_weighted_sum": ("moe_weighted_sum_kernel",),
+}
+#: The CuTe DSL KDA step (variant kda_cute).
+CUTE_KDA_KERNEL = "kda_step_cute"
+
+
+@dataclass(frozen=True)
+class Launch:
+    subop: str                   # sub-op NVTX range around this launch
+    stream: str                  # main / aux1 / aux2
+    kind: str                    # triton / cublas / cute
+    launcher: str                # kernels.k3.ops function, or torch op ("mm", "bmm")
+    kernels: tuple[str, ...] = ()  # Triton (or CuTe) kernel names it issues, in order
+
+    @property
+    def delayed_kernel(self) -> str:
+        """The kernel a `delay:` variant slows when it names this launch: the last one
+        (a multi-kernel launcher spins in the kernel whose stores the consumer reads)."""
+        return self.kernels[-1] if self.kernels else ""
+
+    def matches_delay(self, variant: Variant) -> bool:
+        return bool(self.kernels) and variant.delay_for(self.delayed_kernel, self.launcher) > 0
+
+
+@dataclass(frozen=True)
+class Fork:
+    side: str                    # the side stream that waits on main
+
+
+@dataclass(frozen=True)
+class Join:
+    side: str                    # main waits on this side stream
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """NVTX-only placeholder for the tensor-parallel all-reduce (one GPU stands in)."""
+    range_name: str = k3names.ALL_REDUCE_RANGE
+
+
+Item = Launch | Fork | Join | AllReduce
+
+
+@dataclass(frozen=True)
+class Segment:
+    layer: int
+    family: str
+    items: tuple[Item, ...]
+
+    @property
+    def range_name(self) -> str:
+        return k3names.layer_range(self.layer, self.family)
+
+    @property
+    def launches(self) -> tuple[Launch, ...]:
+        return tuple(i for i in self.items if isinstance(i, Launch))
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    cfg: K3Config
+    variant: Variant
+    segments: tuple[Segment, ...]
+    # The step first copies the fixed input embedding into bank row 0 (a device memcpy,
+    # not a kernel: a graph replay must start every step from the same input).
+    prologue: tuple[str, ...] = field(default=("embed_copy",))
+
+    def launches(self) -> list[tuple[Segment, Launch]]:
+        return [(s, l) for s in self.segments for l in s.launches]
+
+    @property
+    def triton_kernels(self) -> int:
+        """Triton kernels per step, exact."""
+        return sum(len(l.kernels) for _, l in self.launches() if l.kind == TRITON)
+
+    @property
+    def cute_kernels(self) -> int:
+        return sum(len(l.kernels) for _, l in self.launches() if l.kind == CUTE)
+
+    @property
+    def cublas_calls(self) -> int:
+        """cuBLAS GEMM/BMM calls per step; each may emit 1-2 kernels (split-K reduction)."""
+        return sum(1 for _, l in self.launches() if l.kind == CUBLAS)
+
+    @property
+    def kernel_bounds(self) -> tuple[int, int]:
+        """(min, max) kernel nodes a captured step may hold."""
+        fixed = self.triton_kernels + self.cute_kernels
+        return fixed + self.cublas_calls, fixed + 2 * self.cublas_calls
+
+    def triton_kernel_names(self) -> Counter:
+        return Counter(k for _, l in self.launches() if l.kind == TRITON for k in l.kernels)
+
+    def range_names(self) -> list[str]:
+        """Every NVTX range a step opens (besides `decode_step`, which the loop opens)."""
+        names = []
+        for s in self.segments:
+            names.append(s.range_name)
+            for i in s.items:
+                if isinstance(i, Launch):
+                    names.append(i.subop)
+                elif isinstance(i, AllReduce):
+                    names.append(i.range_name)
+        return names
+
+    def delayed_launches(self) -> list[tuple[Segment, Launch]]:
+        return [(s, l) for s, l in self.launches() if l.matches_delay(self.variant)]
+
+    def family_counts(self) -> Counter:
+        return Counter(s.family for s in self.segments)
+
+    def forks(self) -> Counter:
+        return Counter(i.side for s in self.segments for i in s.items if isinstance(i, Fork))
+
+
+# ---- segment builders --------------------------------------------------------------------
+def _t(subop: str, stream: str, launcher: str, key: str | None = None) -> Launch:
+    return Launch(subop, stream, TRITON, launcher, TRITON_KERNELS[key or launcher])
+
+
+def _mm(subop: str, stream: str, op: str = "mm") -> Launch:
+    return Launch(subop, stream, CUBLAS, op)
+
+
+def attn_res_items(cfg: K3Config, v: Variant, layer: int, site: str) -> list[Item]:
+    """Aggregation before attention (site 'attn') or before the MLP (site 'mlp')."""
+    items: list[Item] = []
+    # The attention output joins the partial here, unless it opened a new block (o_proj
+    # wrote the partial directly).
+    if site == "mlp" and not cfg.opens_block(layer) and not v.residual_folded:
+        items.append(_t(RESIDUAL_ADD, MAIN, "residual_add"))
+    items.append(_t(SCORE, MAIN, "attn_res_score"))
+    items.append(_t(COMBINE, MAIN, "attn_res_combine"))
+    return items
+
+
+def kda_items(cfg: K3Config, v: Variant) -> list[Item]:
+    side = AUX2 if v.attn_forks else MAIN
+    items: list[Item] = []
+    if v.attn_forks:
+        items.append(Fork(AUX2))
+    items.append(_mm(QKVG, MAIN))
+    items += [_mm(FAB, side), _mm(F_B, side)]
+    items.append(_t(CONV, MAIN, "kda_conv_silu"))
+    if v.attn_forks:
+        items.append(Join(AUX2))
+    if v.kda_cute:
+        items.append(Launch(KDA_STEP, MAIN, CUTE, "kda_step_cute", (CUTE_KDA_KERNEL,)))
+    else:
+        items.append(_t(KDA_STEP, MAIN, "kda_step"))
+    if not v.kda_norm_fused:
+        items.append(_t(KDA_NORM, MAIN, "kda_gated_rmsnorm"))
+    items += [_mm(O_PROJ, MAIN), AllReduce()]
+    return items
+
+
+def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
+    f = v.attn_forks
+    kv = AUX1 if f else MAIN
+    items: list[Item] = []
+    if f:
+        items.append(Fork(AUX1))
+    items += [_mm(Q_A, MAIN), _t(Q_A_NORM, MAIN, "rmsnorm"), _mm(Q_B, MAIN),
+              _mm(ABSORB, MAIN, "bmm")]
+    items += [_mm(KV_A, kv), _t(KV_A_NORM, kv, "rmsnorm")]
+    if f:  # forked: the KV leg writes its cache row itself; unforked: fused into q_concat
+        items += [_t(CACHE_INSERT, kv, "mla_cache_insert"), Join(AUX1)]
+    items.append(_t(Q_CONCAT, MAIN, "mla_q_concat"))
+    if f:
+        items.append(Fork(AUX2))
+    items.append(_mm(G_PROJ, AUX2 if f else MAIN))
+    items += [_t(FMHA, MAIN, "mla_decode_fmha"), _t(FMHA_COMBINE, MAIN, "mla_decode_combine"),
+              _mm(V_UP, MAIN, "bmm")]
+    if f:
+        items.append(Join(AUX2))
+    items += [_t(GATE_MUL, MAIN, "gate_mul"), _mm(O_PROJ, MAIN), AllReduce()]
+    return items
+
+
+def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
+    # The shared-expert fork stays on in every variant (no_attn_forks is attention only).
+    router = _t(ROUTER, MAIN, "moe_router", "moe_router/multipass" if v.router_multipass else None)
+    return [
+        _mm(FRONT, MAIN), Fork(AUX1),
+        _t(SHARED_ACT, AUX1, "situ_mul"), _mm(SHARED_DOWN, AUX1),
+        router, _t(ALIGN, MAIN, "moe_align"),
+        _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"), _t(EXPERT_ACT, MAIN, "situ_mul"),
+        _t(EXPERT_DOWN, MAIN, "moe_grouped_gemm"), _t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"),
+        _t(LATENT_NORM, MAIN, "rmsnorm"), _mm(UP, MAIN),
+        Join(AUX1), _t(ADD3, MAIN, "add3"), AllReduce(),
+    ]
+
+
+def dense_items(cfg: K3Config, v: Variant) -> list[Item]:
+    return [_mm(GATE_UP, MAIN), _t(ACT, MAIN, "situ_mul"), _mm(DOWN, MAIN), AllReduce(),
+            _t(RESIDUAL_ADD, MAIN, "residual_add")]
+
+
+_ATTENTION = {KDA: kda_items, MLA: mla_items}
+_MLP = {MOE: moe_items, DENSE: dense_items}
+
+
+def layer_segments(cfg: K3Config, v: Variant, layer: int) -> list[Segment]:
+    attn, mlp = cfg.attention_family(layer), cfg.mlp_family(layer)
+    return [
+        Segment(layer, ATTN_RES, tuple(attn_res_items(cfg, v, layer, "attn"))),
+        Segment(layer, attn, tuple(_ATTENTION[attn](cfg, v))),
+        Segment(layer, ATTN_RES, tuple(attn_res_items(cfg, v, layer, "mlp"))),
+        Segment(layer, mlp, tuple(_MLP[mlp](cfg, v))),
+    ]
+
+
+def build_plan(cfg: K3Config, variant: Variant = BASELINE) -> StepPlan:
+    segments = [s for layer in cfg.layers for s in layer_segments(cfg, variant, layer)]
+    return StepPlan(cfg, variant, tuple(segments))

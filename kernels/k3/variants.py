@@ -1,0 +1,92 @@
+"""The variants of kernels/README.md as a frozen set of switches, parsed from a name.
+
+    parse("baseline")
+    parse("no_attn_forks+router_multipass")
+    parse("delay:kda_step_kernel:4000")      # the named Triton kernel spins 4 us longer
+
+A variant changes scheduling or fusion only, never the math (kernels/README.md); the
+plan test checks that the sub-ops of every variant compute the same things.
+Pure Python: the trace analyser and CPU tests import it without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+#: Flag names -> the Variant field each one sets to its non-default value.
+_FLAGS: dict[str, tuple[str, bool]] = {
+    "mla_epilogue_split": ("mla_epilogue_split", True),   # seed 000
+    "no_attn_forks": ("attn_forks", False),               # seed 001
+    "router_multipass": ("router_multipass", True),       # seed 003
+    "kda_norm_separate": ("kda_norm_fused", False),       # seed 003
+    "residual_separate": ("residual_folded", False),      # seed 003
+    "kda_cute": ("kda_cute", True),
+}
+
+DELAY_PREFIX = "delay"
+
+
+@dataclass(frozen=True)
+class Variant:
+    attn_forks: bool = True          # KDA gate GEMVs on S2, MLA KV chain on S1, g_proj on S2
+    mla_epilogue_split: bool = False  # q-concat/cache rows split across 3 programs
+    router_multipass: bool = False   # two-pass grouped top-16 instead of the single-CTA one
+    kda_norm_fused: bool = True      # gated RMSNorm in kda_step's epilogue
+    residual_folded: bool = True     # attention residual add folded into attn_res_score
+    kda_cute: bool = False           # KDA step in CuTe DSL
+    delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
+    delay_ns: int = 0
+
+    @property
+    def name(self) -> str:
+        """The canonical name; `parse(v.name) == v`."""
+        parts = [flag for flag, (field, value) in _FLAGS.items() if getattr(self, field) == value]
+        if self.delay_kernel and self.delay_ns:
+            parts.append(f"{DELAY_PREFIX}:{self.delay_kernel}:{self.delay_ns}")
+        return "+".join(parts) or "baseline"
+
+    def delay_for(self, *kernel_names: str) -> int:
+        """Extra spin (ns) for a launch whose kernel is known by any of `kernel_names`."""
+        return self.delay_ns if self.delay_kernel and self.delay_kernel in kernel_names else 0
+
+    def with_delay(self, kernel: str, ns: int) -> Variant:
+        if ns < 0:
+            raise ValueError("delay must be >= 0 ns")
+        return replace(self, delay_kernel=kernel if ns else "", delay_ns=ns if kernel else 0)
+
+
+BASELINE = Variant()
+
+
+def parse(name: str) -> Variant:
+    """`baseline`, any flag of the table, `delay:<kernel>:<ns>`, joined with `+`."""
+    v = BASELINE
+    for part in (p.strip() for p in (name or "baseline").split("+")):
+        if part in ("", "baseline"):
+            continue
+        if part.startswith(DELAY_PREFIX + ":"):
+            try:
+                _, kernel, ns = part.split(":")
+                ns_i = int(ns)
+            except ValueError:
+                raise ValueError(f"bad delay {part!r}: expected delay:<kernel>:<ns>") from None
+            if not kernel or ns_i < 0:
+                raise ValueError(f"bad delay {part!r}: expected delay:<kernel>:<ns>")
+            if v.delay_kernel:
+                raise ValueError("only one delay:<kernel>:<ns> per variant")
+            v = v.with_delay(kernel, ns_i)
+            continue
+        if part not in _FLAGS:
+            raise ValueError(f"unknown variant {part!r}; known: baseline, {', '.join(_FLAGS)}, "
+                             f"{DELAY_PREFIX}:<kernel>:<ns>")
+        field, value = _FLAGS[part]
+        v = replace(v, **{field: value})
+    return v
+
+
+def known_flags() -> tuple[str, ...]:
+    return tuple(_FLAGS)
+
+
+def switch_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(Variant))

@@ -1,0 +1,737 @@
+"""K3 Triton ops against the float references of `kernels.k3.reference`, and the variant pairs.
+
+On a CPU every unmarked test runs under the Triton interpreter (tests/kernels/conftest.py
+sets TRITON_INTERPRET=1) at reduced sizes, and `test_sm90_compile` compiles every kernel
+for sm_90 at the real shapes with Triton's bundled ptxas (no GPU needed). On a GPU the same
+tests run compiled, and the `gpu`-marked ones add the real K3 shapes (B in {1, 8, 64}),
+graph capture, the delay spin and a grouped-GEMM bandwidth report.
+
+Inputs are fresh seeded torch.randn draws (never zeros). Tolerances, stated per op: a bf16
+output carries one rounding (relative 2^-8), so bf16 outputs use atol = rtol = 2e-2 unless
+noted; fp32 outputs (state, scores, partials) 1e-5-ish; copies and variant pairs that are
+bit-identical by construction use torch.equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from kernels.k3 import reference as R
+from kernels.k3.ops import attn_res, common, kda, mla, moe, norm
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+BF = torch.bfloat16
+F32 = torch.float32
+I32 = torch.int32
+
+if not CUDA and not common.INTERPRET:
+    pytest.skip("no CUDA and TRITON_INTERPRET unset (triton imported before conftest?)",
+                allow_module_level=True)
+
+
+def gpu_only(fn):
+    return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (H200)")(fn))
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+def randn(g, *shape, scale=1.0, dtype=BF):
+    return (torch.randn(*shape, generator=g, device=DEV, dtype=F32) * scale).to(dtype)
+
+
+def close(actual, expected, atol=2e-2, rtol=2e-2):
+    torch.testing.assert_close(actual.double(), expected.double().to(actual.device),
+                               atol=atol, rtol=rtol)
+
+
+def exact(actual, expected):
+    """Bit-exact vs torch's fp32 -> bf16 rounding (nearest even; under the interpreter the
+    kernels round by hand, see common.to_dtype)."""
+    assert torch.equal(actual, expected)
+
+
+def ints(*shape, dtype=I32):
+    return torch.empty(*shape, device=DEV, dtype=dtype)
+
+
+# =========================================================================================
+# norm
+# =========================================================================================
+@pytest.mark.parametrize("M,N,width", [(3, 1000, 1100), (2, 512, 576), (1, 7168, 7168)])
+def test_rmsnorm(M, N, width):
+    """Row-strided input view; bf16 out vs float64 reference (2e-2)."""
+    g = gen(1)
+    x = randn(g, M, width)[:, :N]
+    w = randn(g, N)
+    out = torch.empty(M, N, device=DEV, dtype=BF)
+    norm.rmsnorm(x, w, out)
+    close(out, R.ref_rmsnorm(x, w))
+
+
+# =========================================================================================
+# attention residuals
+# =========================================================================================
+def _attn_res_inputs(B, H, seed):
+    g = gen(seed)
+    return randn(g, 8, B, H), randn(g, H), randn(g, H), randn(g, B, H)
+
+
+@pytest.mark.parametrize("n_rows", [1, 3, 8])
+def test_attn_res_score_combine(n_rows):
+    """Score + combine vs reference: out bf16 (2e-2), logits from the partials (1e-4);
+    without an addend the bank is untouched. H = 1000: two chunks, masked tail."""
+    B, H = 3, 1000
+    bank, query, gamma, _ = _attn_res_inputs(B, H, 2)
+    bank0 = bank.clone()
+    scores = attn_res.alloc_attn_res_scores(bank)
+    out = torch.empty(B, H, device=DEV, dtype=BF)
+    attn_res.attn_res_score(bank, n_rows, query, scores)
+    attn_res.attn_res_combine(bank, n_rows, scores, gamma, out)
+    ref_logits, _ = R.ref_attn_res_score(bank0, n_rows, query)
+    close(attn_res.attn_res_logits(scores, n_rows, H), ref_logits, atol=1e-4, rtol=1e-4)
+    ref_out, _ = R.ref_attn_res(bank0, n_rows, query, gamma)
+    close(out, ref_out)
+    assert torch.equal(bank, bank0)
+
+
+def _folded_vs_separate(B, H, n_rows, seed):
+    bank, query, gamma, addend = _attn_res_inputs(B, H, seed)
+    bank_f, bank_s = bank.clone(), bank.clone()
+    sc_f, sc_s = attn_res.alloc_attn_res_scores(bank), attn_res.alloc_attn_res_scores(bank)
+    out_f = torch.empty(B, H, device=DEV, dtype=BF)
+    out_s = torch.empty_like(out_f)
+    attn_res.attn_res_score(bank_f, n_rows, query, sc_f, addend=addend)
+    attn_res.attn_res_combine(bank_f, n_rows, sc_f, gamma, out_f)
+    attn_res.residual_add(bank_s[n_rows - 1], addend)
+    attn_res.attn_res_score(bank_s, n_rows, query, sc_s)
+    attn_res.attn_res_combine(bank_s, n_rows, sc_s, gamma, out_s)
+    # variant pair: bit for bit
+    assert torch.equal(bank_f, bank_s)
+    assert torch.equal(sc_f, sc_s)
+    assert torch.equal(out_f, out_s)
+    # and right: the folded add is exact, the output within bf16 tolerance
+    ref_out, ref_bank = R.ref_attn_res(bank, n_rows, query, gamma, addend=addend)
+    exact(bank_f, ref_bank)
+    close(out_f, ref_out)
+
+
+@pytest.mark.parametrize("n_rows", [1, 5])
+def test_attn_res_folded_vs_separate(n_rows):
+    """Variant residual_separate: folded add in attn_res_score == residual_add + score."""
+    _folded_vs_separate(2, 700, n_rows, 3)
+
+
+def test_residual_add_and_add3():
+    """fp32 add, one rounding: exactly the reference on a GPU (bank-row view as the partial)."""
+    g = gen(4)
+    B, H = 3, 1500
+    bank = randn(g, 4, B, H)
+    a, b = randn(g, B, H), randn(g, B, H)
+    expect = R.ref_residual_add(bank[2], a)
+    attn_res.residual_add(bank[2], a)
+    exact(bank[2], expect)
+    expect = R.ref_add3(bank[1], a, b)
+    attn_res.add3(bank[1], a, b)
+    exact(bank[1], expect)
+
+
+# =========================================================================================
+# KDA
+# =========================================================================================
+def _kda_inputs(B, NH, D, slots, seed, F=16):
+    g = gen(seed)
+    qkvg = randn(g, B, 4 * NH * D)
+    conv_state = randn(g, slots, 3, 3 * NH * D)
+    conv_w = randn(g, 3 * NH * D, 4, scale=0.5)
+    slot_idx = (torch.randperm(slots, generator=torch.Generator().manual_seed(seed))[:B]
+                .to(device=DEV, dtype=I32))
+    fab = randn(g, B, F + NH)
+    fb = randn(g, B, NH * D)
+    A_log = randn(g, NH, scale=0.5, dtype=F32)
+    dt_bias = randn(g, NH * D, scale=0.5, dtype=F32)
+    state = randn(g, slots, NH, D, D, scale=0.1, dtype=F32)
+    norm_w = randn(g, D)
+    return qkvg, conv_state, conv_w, slot_idx, fab, fb, A_log, dt_bias, state, norm_w
+
+
+@pytest.mark.parametrize("NH,D", [(2, 32), (3, 128)])
+def test_kda_conv_silu(NH, D):
+    """Conv window + SiLU: out bf16 (2e-2); window shift exact, other slots untouched."""
+    B, slots = 3, 5
+    qkvg, conv_state, conv_w, slot_idx, *_ = _kda_inputs(B, NH, D, slots, 5)
+    out = torch.empty(B, 3 * NH * D, device=DEV, dtype=BF)
+    ref_out, ref_state = R.ref_kda_conv_silu(qkvg, conv_state, conv_w, slot_idx)
+    kda.kda_conv_silu(qkvg, conv_state, conv_w, slot_idx, out)
+    close(out, ref_out)
+    assert torch.equal(conv_state, ref_state)
+
+
+@pytest.mark.parametrize("NH,D", [(2, 32), (3, 128)])
+def test_kda_step_fused_and_separate(NH, D):
+    """Delta-rule step vs float64 reference: out bf16 (2e-2), state fp32 (1e-5), o_scratch
+    fp32 (1e-5). Variant kda_norm_separate: fused vs step + gated RMSNorm kernel, with an
+    fp32 scratch (within 1 bf16 ulp: atol 1e-2) and a bf16 scratch (2e-2); states equal."""
+    B, slots = 3, 5
+    qkvg, _, _, slot_idx, fab, fb, A_log, dt_bias, state, norm_w = _kda_inputs(B, NH, D, slots, 6)
+    qkv = randn(gen(7), B, 3 * NH * D)
+    g_out = qkvg[:, 3 * NH * D:]  # strided view: the g part of qkvg
+    ref_out, ref_state = R.ref_kda_step(qkv, fab, fb, A_log, dt_bias, g_out, state, slot_idx, norm_w)
+    ref_o, _ = R.ref_kda_step(qkv, fab, fb, A_log, dt_bias, g_out, state, slot_idx, None)
+
+    st_f = state.clone()
+    out_f = torch.empty(B, NH * D, device=DEV, dtype=BF)
+    kda.kda_step(qkv, fab, fb, A_log, dt_bias, g_out, st_f, slot_idx, norm_w, out_f)
+    close(out_f, ref_out)
+    close(st_f, ref_state, atol=1e-5, rtol=1e-5)
+
+    for scratch_dtype, atol in ((F32, 1e-2), (BF, 2e-2)):
+        st_s = state.clone()
+        o = torch.empty(B, NH * D, device=DEV, dtype=scratch_dtype)
+        out_s = torch.empty_like(out_f)
+        kda.kda_step(qkv, fab, fb, A_log, dt_bias, g_out, st_s, slot_idx, norm_w, out_s,
+                     fuse_norm=False, o_scratch=o)
+        kda.kda_gated_rmsnorm(o, g_out, norm_w, out_s)
+        if scratch_dtype == F32:
+            close(o, ref_o, atol=1e-5, rtol=1e-5)
+        close(out_s, out_f, atol=atol, rtol=atol)
+        close(out_s, ref_out)
+        close(st_s, st_f, atol=1e-6, rtol=1e-6)
+
+
+# =========================================================================================
+# MLA
+# =========================================================================================
+def _concat_inputs(B, NH, DL, DR, pages, page, seed):
+    g = gen(seed)
+    q_nope = randn(g, NH, B, DL).transpose(0, 1)         # absorb-BMM output, viewed [B, NH, DL]
+    q_rope = randn(g, B, NH, 128 + DR)[:, :, 128:]       # the rope slice of the q_b output
+    cache = randn(g, pages, page, DL + DR)
+    kv_latent = randn(g, B, DL + DR)[:, :DL]             # latent part of the kv_a output
+    k_rope = randn(g, B, DR)
+    slots = torch.randperm(pages * page, generator=torch.Generator().manual_seed(seed))[:B]
+    slots[B // 2] = -1                                   # a padded batch entry: no write
+    return q_nope, q_rope, cache, kv_latent, k_rope, slots.to(DEV)
+
+
+@pytest.mark.parametrize("NH,DL,DR", [(2, 64, 16), (12, 512, 64)])
+def test_mla_q_concat_split_bitwise(NH, DL, DR):
+    """Variant mla_epilogue_split: split rows (cache programs waiting or not) == one row per
+    program == reference, bit for bit (q rows and cache rows, a padded slot skipped);
+    mla_cache_insert writes the same cache rows."""
+    B = 3
+    q_nope, q_rope, cache, kv_latent, k_rope, slots = _concat_inputs(B, NH, DL, DR, 8, 16, 8)
+    ref_q = R.ref_mla_q_concat(q_nope, q_rope)
+    ref_cache = R.ref_mla_cache_insert(kv_latent, k_rope, cache, slots)
+    results = []
+    for split, cache_wait in ((False, False), (True, False), (True, True)):
+        c = cache.clone()
+        q_out = torch.empty(B, NH, DL + DR, device=DEV, dtype=BF)
+        mla.mla_q_concat(q_nope, q_rope, q_out, cache=c, kv_latent=kv_latent, k_rope=k_rope,
+                         slot_mapping=slots, split_rows=split, cache_wait=cache_wait)
+        results.append((q_out, c))
+    for q_out, c in results:
+        assert torch.equal(q_out, ref_q)
+        assert torch.equal(c, ref_cache)
+    q_only = torch.empty(B, NH, DL + DR, device=DEV, dtype=BF)
+    mla.mla_q_concat(q_nope, q_rope, q_only, split_rows=True)
+    assert torch.equal(q_only, ref_q)
+    c = cache.clone()
+    mla.mla_cache_insert(kv_latent, k_rope, c, slots.to(I32))
+    assert torch.equal(c, ref_cache)
+
+
+@pytest.mark.parametrize("NH,DL,DR,page,seq", [
+    (2, 64, 16, 16, [1, 37, 150, 0]),
+    (12, 512, 64, 64, [1, 100, 300]),
+])
+def test_mla_decode(NH, DL, DR, page, seq):
+    """Split-KV decode + combine vs float64 attention over the paged cache (bf16 out, P is
+    rounded to bf16 for the PV product: 2e-2). Empty splits carry lse = -inf; a zero-length
+    (padded) request gives zeros, not NaN."""
+    B, S = len(seq), 4
+    g = gen(9)
+    max_pages = 12
+    pages = B * max_pages + 4
+    cache = randn(g, pages, page, DL + DR)
+    block_table = (torch.randperm(pages, generator=torch.Generator().manual_seed(9))[:B * max_pages]
+                   .view(B, max_pages).to(device=DEV, dtype=I32))
+    seq_lens = torch.tensor(seq, device=DEV, dtype=I32)
+    q = randn(g, B, NH, DL + DR)
+    partial = torch.empty(B, NH, S, DL, device=DEV, dtype=F32)
+    lse = torch.empty(B, NH, S, device=DEV, dtype=F32)
+    out = torch.empty(B, NH, DL, device=DEV, dtype=BF)
+    sm_scale = 192 ** -0.5
+    mla.mla_decode_fmha(q, cache, block_table, seq_lens, partial, lse, sm_scale, num_splits=S,
+                        page_size=page)
+    mla.mla_decode_combine(partial, lse, seq_lens, out)
+    close(out, R.ref_mla_decode(q, cache, block_table, seq_lens, sm_scale, DL, page))
+    assert torch.isinf(lse[0, :, 1:]).all()  # seq_len 1: only split 0 has a token
+    assert torch.isfinite(out.float()).all()
+
+
+def test_gate_mul():
+    """out = o * sigmoid(g) with a strided g view (2e-2)."""
+    g = gen(10)
+    o, gg = randn(g, 3, 1536), randn(g, 3, 1600)[:, 40:1576]
+    out = torch.empty(3, 1536, device=DEV, dtype=BF)
+    mla.gate_mul(o, gg, out)
+    close(out, R.ref_gate_mul(o, gg))
+
+
+# =========================================================================================
+# MoE
+# =========================================================================================
+def _router_case(B, E, K, gs, seed, ties=False):
+    g = gen(seed)
+    if ties:  # few distinct logits and no bias: many exact ties, broken by lower id
+        logits = (torch.randint(-2, 3, (B, E + 8), generator=torch.Generator().manual_seed(seed))
+                  .float() * 0.5).to(device=DEV, dtype=BF)[:, 4:4 + E]
+        bias = torch.zeros(E, device=DEV, dtype=F32) + 0.25
+    else:
+        logits = randn(g, B, E + 8)[:, 4:4 + E]              # a slice of the front GEMM
+        bias = randn(g, E, scale=0.1, dtype=F32)
+    rid, rw = R.ref_moe_router(logits, bias, K, scale=2.5)
+    outs = []
+    for multipass in (False, True):
+        ids, w = ints(B, K), torch.empty(B, K, device=DEV, dtype=F32)
+        moe.moe_router(logits, bias, ids, w, scale=2.5, multipass=multipass, group_size=gs)
+        outs.append((ids, w))
+    (ids1, w1), (ids2, w2) = outs
+    assert torch.equal(ids1.cpu(), rid.cpu())
+    close(w1, rw, atol=1e-6, rtol=1e-5)
+    # variant router_multipass: same ids and weights, bit for bit
+    assert torch.equal(ids1, ids2) and torch.equal(w1, w2)
+
+
+@pytest.mark.parametrize("B,E,K,gs,ties", [(3, 64, 4, 16, False), (3, 64, 4, 16, True),
+                                           (2, 128, 8, 32, False), (2, 128, 8, 32, True)])
+def test_router(B, E, K, gs, ties):
+    """Single-CTA and multipass routers vs the reference: ids exact (selection order),
+    weights 1e-5; multipass bitwise equal to single-pass (several groups)."""
+    _router_case(B, E, K, gs, 11, ties)
+
+
+def test_router_k3_shape():
+    """896 experts, top-16, 7 groups of 128 (one token: the interpreter is slow here)."""
+    _router_case(1, 896, 16, 128, 12)
+
+
+@pytest.mark.parametrize("B,E,K", [(1, 64, 4), (5, 64, 4), (64, 64, 4), (64, 896, 16)])
+def test_moe_align(B, E, K):
+    """Counting sort: sorted pairs, segments and their count exactly as the reference."""
+    ids = torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(13 + b))[:K]
+                       for b in range(B)]).to(device=DEV, dtype=I32)
+    P, G = B * K, min(B * K, E)
+    out = (ints(P), ints(G), ints(G + 1), ints(1))
+    moe.moe_align(ids, E, *out)
+    for got, want in zip(out, R.ref_moe_align(ids, E)):
+        assert torch.equal(got.cpu(), want)
+
+
+def _aligned(ids, E):
+    B, K = ids.shape
+    P, G = B * K, min(B * K, E)
+    al = (ints(P), ints(G), ints(G + 1), ints(1))
+    moe.moe_align(ids, E, *al)
+    return al
+
+
+def _random_ids(B, E, K, seed):
+    return torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(seed + b))[:K]
+                        for b in range(B)]).to(device=DEV, dtype=I32)
+
+
+@pytest.mark.parametrize("B,E,K,N,KD,bn,bk", [
+    (5, 16, 4, 48, 160, 32, 64),    # masked N and K tails
+    (3, 64, 4, 64, 128, 64, 128),   # even: unmasked weight loads
+    (40, 6, 4, 32, 64, 32, 64),     # > 16 pairs per expert: the M loop runs twice
+])
+def test_grouped_gemm(B, E, K, N, KD, bn, bk):
+    """GEMM1 (x per token, strided latent view) and GEMM2 (x per pair) vs per-expert fp32
+    matmuls (bf16 out, 2e-2)."""
+    g = gen(14)
+    ids = _random_ids(B, E, K, 14)
+    al = _aligned(ids, E)
+    x = randn(g, B, KD + 8)[:, 4:4 + KD]
+    w = randn(g, E, N, KD, scale=KD ** -0.5)
+    out = torch.empty(B * K, N, device=DEV, dtype=BF)
+    moe.moe_grouped_gemm(x, w, *al, out, top_k=K, block_n=bn, block_k=bk)
+    close(out, R.ref_moe_grouped_gemm(x, w, ids))
+    x2 = randn(g, B * K, KD)
+    out2 = torch.empty(B * K, N, device=DEV, dtype=BF)
+    moe.moe_grouped_gemm(x2, w, *al, out2, top_k=K, x_is_per_token=False, block_n=bn, block_k=bk)
+    close(out2, R.ref_moe_grouped_gemm(x2, w, ids, x_is_per_token=False))
+
+
+def test_situ_mul():
+    """SiTU on a strided gate|up view, including saturated and near-zero inputs (2e-2)."""
+    g = gen(15)
+    gu = randn(g, 5, 1100, scale=8.0)[:, :1024]
+    gu[0, :8] = torch.tensor([1e-5, -1e-4, 60.0, -60.0, 200.0, -200.0, 0.1, -0.1], dtype=BF, device=DEV)
+    out = torch.empty(5, 512, device=DEV, dtype=BF)
+    moe.situ_mul(gu, out)
+    close(out, R.ref_situ_mul(gu))
+
+
+def test_weighted_sum():
+    g = gen(16)
+    B, K, N = 3, 4, 700
+    y = randn(g, B * K, N)
+    w = torch.rand(B, K, generator=g, device=DEV)
+    out = torch.empty(B, N, device=DEV, dtype=BF)
+    moe.moe_weighted_sum(y, w, out)
+    close(out, R.ref_moe_weighted_sum(y, w))
+
+
+def test_moe_chain():
+    """Router -> align -> GEMM1 -> SiTU -> GEMM2 -> weighted sum vs the composed reference."""
+    g = gen(17)
+    B, E, K, H, I = 3, 32, 4, 128, 32
+    logits, bias = randn(g, B, E), randn(g, E, scale=0.1, dtype=F32)
+    latent = randn(g, B, H)
+    w1, w2 = randn(g, E, 2 * I, H, scale=H ** -0.5), randn(g, E, H, I, scale=I ** -0.5)
+    ids, tw = ints(B, K), torch.empty(B, K, device=DEV, dtype=F32)
+    moe.moe_router(logits, bias, ids, tw)
+    al = _aligned(ids, E)
+    gu = torch.empty(B * K, 2 * I, device=DEV, dtype=BF)
+    act = torch.empty(B * K, I, device=DEV, dtype=BF)
+    y = torch.empty(B * K, H, device=DEV, dtype=BF)
+    out = torch.empty(B, H, device=DEV, dtype=BF)
+    moe.moe_grouped_gemm(latent, w1, *al, gu, top_k=K)
+    moe.situ_mul(gu, act)
+    moe.moe_grouped_gemm(act, w2, *al, y, top_k=K, x_is_per_token=False)
+    moe.moe_weighted_sum(y, tw, out)
+    rid, rw = R.ref_moe_router(logits, bias, K)
+    r_act = R.ref_situ_mul(R.ref_moe_grouped_gemm(latent, w1, rid))
+    r_y = R.ref_moe_grouped_gemm(r_act, w2, rid, x_is_per_token=False)
+    close(out, R.ref_moe_weighted_sum(r_y, rw), atol=3e-2, rtol=3e-2)  # three bf16 roundings
+
+
+def test_delay_ns_is_accepted():
+    """Every launcher takes delay_ns; the interpreter forces it to 0 (no globaltimer)."""
+    g = gen(18)
+    o, gg = randn(g, 2, 64), randn(g, 2, 64)
+    out = torch.empty(2, 64, device=DEV, dtype=BF)
+    mla.gate_mul(o, gg, out, delay_ns=1000)
+    close(out, R.ref_gate_mul(o, gg))
+    with pytest.raises(ValueError):
+        mla.gate_mul(o, gg, out, delay_ns=-1)
+
+
+# =========================================================================================
+# Offline sm_90 compile of every kernel at the real shapes (no GPU needed)
+# =========================================================================================
+_COMPILE_SCRIPT = r"""
+import os, re, subprocess, sys, tempfile
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels.k3.ops import attn_res, kda, mla, moe, norm
+
+calls = []
+def fake_launch(kernel, grid, *args, delay_ns=0, **meta):
+    calls.append((kernel, args, meta))
+for m in (attn_res, kda, mla, moe, norm):
+    m.launch = fake_launch
+mla.DOT_F32 = moe.DOT_F32 = False
+
+BF, F32, I32 = torch.bfloat16, torch.float32, torch.int32
+def e(*shape, dt=BF):
+    return torch.empty(*shape, dtype=dt, device="meta")
+
+for B in (1, 8, 64):
+    H = 7168
+    norm.rmsnorm(e(B, H), e(H), e(B, H)); norm.rmsnorm(e(B, 576)[:, :512], e(512), e(B, 512))
+    bank = e(8, B, H); sc = e(*attn_res.attn_res_scores_shape(B, H), dt=F32)
+    attn_res.attn_res_score(bank, 5, e(H), sc); attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H))
+    attn_res.attn_res_combine(bank, 5, sc, e(H), e(B, H))
+    attn_res.residual_add(bank[4], e(B, H)); attn_res.add3(bank[4], e(B, H), e(B, H))
+    qkvg, si = e(B, 6144), e(B, dt=I32)
+    kda.kda_conv_silu(qkvg, e(B, 3, 4608), e(4608, 4), si, e(B, 4608))
+    args = (e(B, 4608), e(B, 140), e(B, 1536), e(12, dt=F32), e(1536, dt=F32), qkvg[:, 4608:],
+            e(B, 12, 128, 128, dt=F32), si, e(128))
+    kda.kda_step(*args, e(B, 1536))
+    for o_dt in (F32, BF):
+        kda.kda_step(*args, e(B, 1536), fuse_norm=False, o_scratch=e(B, 1536, dt=o_dt))
+        kda.kda_gated_rmsnorm(e(B, 1536, dt=o_dt), qkvg[:, 4608:], e(128), e(B, 1536))
+    cache, slots = e(100, 64, 576), e(B, dt=torch.int64)
+    for split, wait in ((False, False), (True, False), (True, True)):
+        mla.mla_q_concat(e(12, B, 512).transpose(0, 1), e(B, 12, 192)[:, :, 128:], e(B, 12, 576),
+                         cache=cache, kv_latent=e(B, 576)[:, :512], k_rope=e(B, 64),
+                         slot_mapping=slots, split_rows=split, cache_wait=wait)
+    mla.mla_q_concat(e(12, B, 512).transpose(0, 1), e(B, 12, 192)[:, :, 128:], e(B, 12, 576),
+                     split_rows=True)
+    mla.mla_cache_insert(e(B, 576)[:, :512], e(B, 64), cache, slots)
+    S = max(1, 64 // B)
+    mla.mla_decode_fmha(e(B, 12, 576), cache, e(B, 130, dt=I32), e(B, dt=I32),
+                        e(B, 12, S, 512, dt=F32), e(B, 12, S, dt=F32), 0.07, num_splits=S)
+    mla.mla_decode_combine(e(B, 12, S, 512, dt=F32), e(B, 12, S, dt=F32), e(B, dt=I32),
+                           e(12, B, 512).transpose(0, 1))
+    mla.gate_mul(e(B, 1536), e(B, 1536), e(B, 1536))
+    ids, w = e(B, 16, dt=I32), e(B, 16, dt=F32)
+    moe.moe_router(e(B, 6016)[:, :896], e(896, dt=F32), ids, w)
+    moe.moe_router(e(B, 6016)[:, :896], e(896, dt=F32), ids, w, multipass=True,
+                   scratch=e(*moe.router_scratch_shape(B, 896, 16), dt=torch.int64))
+    P, G = B * 16, min(B * 16, 896)
+    al = (e(P, dt=I32), e(G, dt=I32), e(G + 1, dt=I32), e(1, dt=I32))
+    moe.moe_align(ids, 896, *al)
+    moe.moe_grouped_gemm(e(B, 6016)[:, 896:4480], e(896, 768, 3584), *al, e(P, 768))
+    moe.moe_grouped_gemm(e(P, 384), e(896, 3584, 384), *al, e(P, 3584), x_is_per_token=False)
+    moe.situ_mul(e(P, 768), e(P, 384)); moe.situ_mul(e(B, 6016)[:, 4480:], e(B, 768))
+    moe.moe_weighted_sum(e(P, 3584), w, e(B, 3584))
+
+TY = {BF: "bf16", F32: "fp32", I32: "i32", torch.int64: "i64"}
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+seen, bad = set(), []
+for kernel, args, meta in calls:
+    meta = {k: v for k, v in meta.items() if k != "launch_pdl"}
+    opts = {k: meta.pop(k) for k in ("num_warps", "num_stages") if k in meta}
+    meta.update(USE_PDL=True, DELAY_NS=1000)
+    sig, consts, attrs = {}, {}, {}
+    for i, (name, prm) in enumerate(zip(kernel.arg_names, kernel.params)):
+        v = None if prm.is_constexpr else args[i]
+        if prm.is_constexpr or v is None or (type(v) is int and v == 1):  # JIT specialises 1
+            sig[name], consts[name] = "constexpr", meta[name] if prm.is_constexpr else v
+        elif isinstance(v, torch.Tensor):
+            sig[name], attrs[(i,)] = "*" + TY[v.dtype], [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32" if -2**31 <= v < 2**31 else "i64"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    key = (kernel.__name__, tuple(sig.items()), tuple(sorted(consts.items(), key=str)),
+           tuple(sorted(attrs)))
+    if key in seen:
+        continue
+    seen.add(key)
+    k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=opts)
+    ptx = k.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                       capture_output=True, text=True)
+    os.unlink(f.name)
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr))
+    regs = re.findall(r"Used (\d+) registers", r.stderr)
+    pdl = "griddepcontrol.wait" in ptx and "globaltimer" in ptx
+    print(kernel.__name__, "regs", regs, "spills", spills, "smem", k.metadata.shared, "pdl", pdl)
+    if r.returncode or spills or not pdl:
+        bad.append(kernel.__name__)
+print("compiled", len(seen), "variants; bad:", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_sm90_compile(tmp_path):
+    """Every kernel and constexpr variant at the K3 shapes (B = 1, 8, 64) compiles for sm_90
+    offline (Triton's bundled ptxas; no GPU): griddepcontrol and the delay spin present,
+    no register spills. Runs in a subprocess because this process may be interpreting."""
+    import os
+    import subprocess
+    import sys
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("triton's NVIDIA backend (ptxas) is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=600, check=False)
+    print(r.stdout[-6000:])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+# =========================================================================================
+# GPU only: real K3 shapes, graph capture, delay, bandwidth
+# =========================================================================================
+BATCHES = [1, 8, 64]
+
+
+@gpu_only
+@pytest.mark.parametrize("B", BATCHES)
+def test_gpu_attn_res_k3(B):
+    for n_rows in (1, 4, 8):
+        _folded_vs_separate(B, 7168, n_rows, 20 + n_rows)
+
+
+@gpu_only
+@pytest.mark.parametrize("B", BATCHES)
+def test_gpu_norms_k3(B):
+    for N, width in ((7168, 7168), (1536, 1536), (512, 576), (3584, 6016)):
+        test_rmsnorm(B, N, width)
+
+
+@gpu_only
+@pytest.mark.parametrize("B", BATCHES)
+def test_gpu_kda_k3(B):
+    NH, D, slots = 12, 128, B + 3
+    qkvg, conv_state, conv_w, slot_idx, fab, fb, A_log, dt_bias, state, norm_w = \
+        _kda_inputs(B, NH, D, slots, 21, F=128)
+    out = torch.empty(B, 3 * NH * D, device=DEV, dtype=BF)
+    ref_out, ref_cs = R.ref_kda_conv_silu(qkvg, conv_state, conv_w, slot_idx)
+    kda.kda_conv_silu(qkvg, conv_state, conv_w, slot_idx, out)
+    close(out, ref_out)
+    assert torch.equal(conv_state, ref_cs)
+    g_out = qkvg[:, 3 * NH * D:]
+    ref, ref_state = R.ref_kda_step(out, fab, fb, A_log, dt_bias, g_out, state, slot_idx, norm_w)
+    st_f, st_s = state.clone(), state.clone()
+    y_f = torch.empty(B, NH * D, device=DEV, dtype=BF)
+    y_s = torch.empty_like(y_f)
+    o = torch.empty(B, NH * D, device=DEV, dtype=F32)
+    kda.kda_step(out, fab, fb, A_log, dt_bias, g_out, st_f, slot_idx, norm_w, y_f)
+    kda.kda_step(out, fab, fb, A_log, dt_bias, g_out, st_s, slot_idx, norm_w, y_s,
+                 fuse_norm=False, o_scratch=o)
+    kda.kda_gated_rmsnorm(o, g_out, norm_w, y_s)
+    close(y_f, ref)
+    close(y_s, y_f, atol=1e-2, rtol=1e-2)
+    close(st_f, ref_state, atol=1e-5, rtol=1e-5)
+    close(st_s, st_f, atol=1e-6, rtol=1e-6)
+
+
+@gpu_only
+@pytest.mark.parametrize("B", BATCHES)
+def test_gpu_mla_k3(B):
+    NH, DL, DR, page, S = 12, 512, 64, 64, 8
+    g = gen(22)
+    pages_per_req = 130  # 8192 + 1 tokens
+    pages = B * pages_per_req + 4
+    q_nope, q_rope, cache, kv_latent, k_rope, slots = _concat_inputs(B, NH, DL, DR, pages, page, 22)
+    q = [torch.empty(B, NH, DL + DR, device=DEV, dtype=BF) for _ in range(2)]
+    caches = [cache.clone(), cache.clone()]
+    for split in (0, 1):
+        mla.mla_q_concat(q_nope, q_rope, q[split], cache=caches[split], kv_latent=kv_latent,
+                         k_rope=k_rope, slot_mapping=slots, split_rows=bool(split))
+    assert torch.equal(q[0], q[1]) and torch.equal(caches[0], caches[1])
+    assert torch.equal(caches[0], R.ref_mla_cache_insert(kv_latent, k_rope, cache, slots))
+    block_table = torch.randperm(pages, device=DEV)[:B * pages_per_req].view(B, -1).to(I32)
+    seq_lens = torch.randint(1, 8194, (B,), device=DEV, dtype=I32)
+    seq_lens[0] = 8193
+    partial = torch.empty(B, NH, S, DL, device=DEV, dtype=F32)
+    lse = torch.empty(B, NH, S, device=DEV, dtype=F32)
+    out = torch.empty(B, NH, DL, device=DEV, dtype=BF)
+    qq = randn(g, B, NH, DL + DR)
+    mla.mla_decode_fmha(qq, caches[0], block_table, seq_lens, partial, lse, 192 ** -0.5, num_splits=S)
+    mla.mla_decode_combine(partial, lse, seq_lens, out)
+    close(out, R.ref_mla_decode(qq, caches[0], block_table, seq_lens, 192 ** -0.5, DL, page))
+
+
+@gpu_only
+@pytest.mark.parametrize("B", BATCHES)
+def test_gpu_moe_k3(B):
+    E, K, LAT, I = 896, 16, 3584, 384
+    g = gen(23)
+    front = randn(g, B, 6016)
+    logits, latent = front[:, :E], front[:, E:E + LAT]
+    bias = randn(g, E, scale=0.1, dtype=F32)
+    ids, tw = ints(B, K), torch.empty(B, K, device=DEV, dtype=F32)
+    ids2, tw2 = ints(B, K), torch.empty_like(tw)
+    moe.moe_router(logits, bias, ids, tw, scale=2.5)
+    moe.moe_router(logits, bias, ids2, tw2, scale=2.5, multipass=True)
+    rid, rw = R.ref_moe_router(logits, bias, K, 2.5)
+    assert torch.equal(ids, rid) and torch.equal(ids, ids2) and torch.equal(tw, tw2)
+    close(tw, rw, atol=1e-6, rtol=1e-5)
+    al = _aligned(ids, E)
+    for got, want in zip(al, R.ref_moe_align(ids, E)):
+        assert torch.equal(got.cpu(), want)
+    w1 = randn(g, E, 2 * I, LAT, scale=LAT ** -0.5)
+    w2 = randn(g, E, LAT, I, scale=I ** -0.5)
+    gu = torch.empty(B * K, 2 * I, device=DEV, dtype=BF)
+    act = torch.empty(B * K, I, device=DEV, dtype=BF)
+    y = torch.empty(B * K, LAT, device=DEV, dtype=BF)
+    out = torch.empty(B, LAT, device=DEV, dtype=BF)
+    moe.moe_grouped_gemm(latent, w1, *al, gu, top_k=K)
+    close(gu, R.ref_moe_grouped_gemm(latent, w1, ids))
+    moe.situ_mul(gu, act)
+    close(act, R.ref_situ_mul(gu))
+    moe.moe_grouped_gemm(act, w2, *al, y, top_k=K, x_is_per_token=False)
+    close(y, R.ref_moe_grouped_gemm(act, w2, ids, x_is_per_token=False))
+    moe.moe_weighted_sum(y, tw, out)
+    close(out, R.ref_moe_weighted_sum(y, tw))
+
+
+@gpu_only
+def test_gpu_graph_capture_replay():
+    """Launchers are graph-safe: capture router -> align -> GEMM, replay on new logits."""
+    E, K, B, N, KD = 128, 8, 4, 64, 256
+    g = gen(24)
+    logits, bias = randn(g, B, E), randn(g, E, scale=0.1, dtype=F32)
+    x, w = randn(g, B, KD), randn(g, E, N, KD, scale=KD ** -0.5)
+    ids, tw = ints(B, K), torch.empty(B, K, device=DEV, dtype=F32)
+    scratch = torch.empty(moe.router_scratch_shape(B, E, K, 32), device=DEV, dtype=torch.int64)
+    al = (ints(B * K), ints(min(B * K, E)), ints(min(B * K, E) + 1), ints(1))
+    out = torch.empty(B * K, N, device=DEV, dtype=BF)
+
+    def step():
+        moe.moe_router(logits, bias, ids, tw, multipass=True, scratch=scratch, group_size=32)
+        moe.moe_align(ids, E, *al)
+        moe.moe_grouped_gemm(x, w, *al, out, top_k=K)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    logits.copy_(randn(g, B, E))
+    graph.replay()
+    torch.cuda.synchronize()
+    rid, _ = R.ref_moe_router(logits, bias, K)
+    assert torch.equal(ids, rid)
+    close(out, R.ref_moe_grouped_gemm(x, w, rid))
+
+
+@gpu_only
+def test_gpu_delay_spin():
+    """delay_ns holds the kernel at least that long (globaltimer spin after the stores)."""
+    g = gen(25)
+    o, gg = randn(g, 1, 64), randn(g, 1, 64)
+    out = torch.empty(1, 64, device=DEV, dtype=BF)
+    for d in (0, 50_000):
+        mla.gate_mul(o, gg, out, delay_ns=d)  # warm up / compile
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    mla.gate_mul(o, gg, out, delay_ns=50_000)
+    end.record()
+    torch.cuda.synchronize()
+    assert start.elapsed_time(end) >= 0.045  # ms
+    close(out, R.ref_gate_mul(o, gg))
+
+
+@gpu_only
+def test_gpu_grouped_gemm_bandwidth():
+    """GEMM1 at B = 1 (16 experts x 768 x 3584 bf16 = 88 MB per call): report TB/s. The
+    target is > 2.5 TB/s on an H200; the assert only catches a pathological build."""
+    E, K, LAT, I, reps = 896, 16, 3584, 384, 20
+    g = gen(26)
+    banks = [randn(g, E, 2 * I, LAT, scale=0.02) for _ in range(2)]  # alternate: no L2 reuse
+    latent = randn(g, 1, LAT)
+    ids = _random_ids(1, E, K, 26)
+    al = _aligned(ids, E)
+    out = torch.empty(K, 2 * I, device=DEV, dtype=BF)
+    for b in banks:
+        moe.moe_grouped_gemm(latent, b, *al, out, top_k=K)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(reps):
+        moe.moe_grouped_gemm(latent, banks[i % 2], *al, out, top_k=K)
+    end.record()
+    torch.cuda.synchronize()
+    sec = start.elapsed_time(end) / 1e3 / reps
+    tbs = K * 2 * I * LAT * 2 / sec / 1e12
+    print(f"grouped GEMM1 B=1: {sec * 1e6:.1f} us/call, {tbs:.2f} TB/s")
+    assert tbs > 1.0

@@ -1,0 +1,252 @@
+"""Structure of the K3 decode path without torch or a GPU: schedule, shapes, the launch
+plan per variant, NVTX names. Imports only pure modules (CI runs this with no torch)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import k3names
+from kernels.k3 import plan as P
+from kernels.k3.config import FULL_DEPTH, K3Config, tiny_config
+from kernels.k3.variants import BASELINE, Variant, known_flags, parse
+
+FULL = K3Config()
+ALL_VARIANTS = ["baseline", *known_flags(), "delay:kda_step_kernel:4000",
+                "no_attn_forks+kda_norm_separate+residual_separate+router_multipass"]
+
+
+# ---- schedule ----------------------------------------------------------------------------
+def test_attention_schedule():
+    mla = [l for l in range(1, 94) if FULL.attention_family(l) == "mla"]
+    assert mla == list(range(4, 93, 4)) + [93]
+    assert len(mla) == 24
+    assert sum(FULL.attention_family(l) == "kda" for l in range(1, 94)) == 69
+
+
+def test_mlp_schedule():
+    assert FULL.mlp_family(1) == "dense"
+    assert all(FULL.mlp_family(l) == "moe" for l in range(2, 94))
+    assert (FULL.count("kda"), FULL.count("mla"), FULL.count("moe"), FULL.count("dense")) == (69, 24, 92, 1)
+
+
+def test_schedule_is_independent_of_depth():
+    short = K3Config(num_layers=8)
+    assert list(short.layers) == list(range(1, 9))
+    assert [short.attention_family(l) for l in short.layers] == \
+        [FULL.attention_family(l) for l in range(1, 9)]
+    with pytest.raises(ValueError):
+        K3Config(num_layers=0)
+    with pytest.raises(ValueError):
+        K3Config(num_layers=94)
+
+
+def test_expert_banks_alias_round_robin():
+    assert [FULL.expert_bank(l) for l in (2, 3, 4, 5, 6)] == [2, 3, 0, 1, 2]
+
+
+# ---- shapes ------------------------------------------------------------------------------
+def test_shapes():
+    c = FULL
+    assert c.hidden == 7168
+    assert (c.kda_width, c.qkvg_width, c.conv_channels, c.fab_width) == (1536, 6144, 4608, 140)
+    assert (c.q_lora, c.q_b_width, c.kv_a_width, c.mla_out_width) == (1536, 2304, 576, 1536)
+    assert c.front_width == 6016
+    assert c.front_slices == {"router": (0, 896), "latent": (896, 4480), "shared": (4480, 6016)}
+    assert (c.experts, c.top_k, 2 * c.expert_inter, c.latent) == (896, 16, 768, 3584)
+    assert 2 * c.dense_inter == 4608
+    assert c.page_size == 64 and c.context == 8192
+    assert c.pages_per_request == 129  # 8192 history + the appended token
+    assert c.sm_scale == pytest.approx(192 ** -0.5)
+
+
+def test_memory_fits_the_h200_at_b64():
+    m = K3Config(batch=64).memory_bytes()
+    assert m["mla_cache"] == 24 * 64 * 129 * 64 * 1152
+    assert m["kda_state"] == 69 * 64 * 768 * 1024
+    assert 29e9 < m["expert_banks"] < 31e9
+    assert sum(m.values()) < 100e9
+
+
+# ---- attention-residual bank ----------------------------------------------------------------
+def test_bank_rows():
+    c = FULL
+    assert c.bank_rows_max == 8 == c.bank_capacity
+    assert c.bank_rows(1, "attn") == 1 and c.bank_rows(1, "mlp") == 1
+    assert c.bank_rows(12, "mlp") == 1
+    assert c.opens_block(13) and not c.opens_block(1) and not c.opens_block(12)
+    assert c.bank_rows(13, "attn") == 1 and c.bank_rows(13, "mlp") == 2
+    assert c.bank_rows(93, "attn") == 8 and c.bank_rows(93, "mlp") == 8
+    for l in c.layers:
+        assert 1 <= c.bank_rows(l, "attn") <= c.bank_rows(l, "mlp") <= 8
+        assert c.partial_row(l) == c.bank_rows(l, "mlp") - 1
+    assert sum(c.opens_block(l) for l in c.layers) == 7
+
+
+# ---- variants ------------------------------------------------------------------------------
+def test_variant_parsing():
+    assert parse("baseline") == BASELINE == parse("") == Variant()
+    assert parse("no_attn_forks").attn_forks is False
+    assert parse("mla_epilogue_split").mla_epilogue_split
+    assert parse("router_multipass").router_multipass
+    assert parse("kda_norm_separate").kda_norm_fused is False
+    assert parse("residual_separate").residual_folded is False
+    assert parse("kda_cute").kda_cute
+    d = parse("delay:kda_step_kernel:4000")
+    assert (d.delay_kernel, d.delay_ns) == ("kda_step_kernel", 4000)
+    assert d.delay_for("kda_step", "kda_step_kernel") == 4000 and d.delay_for("x") == 0
+    combo = parse("no_attn_forks+router_multipass+delay:moe_router_kernel:10")
+    assert not combo.attn_forks and combo.router_multipass and combo.delay_ns == 10
+    for name in ALL_VARIANTS:
+        assert parse(parse(name).name) == parse(name)
+    for bad in ("nope", "delay:x", "delay::5", "delay:x:-1", "delay:a:1+delay:b:2"):
+        with pytest.raises(ValueError):
+            parse(bad)
+
+
+# ---- launch plan -----------------------------------------------------------------------------
+def test_baseline_counts():
+    p = P.build_plan(FULL)
+    per = {"attn_res": 2, "kda": 2, "mla": 7, "moe": 9, "dense": 2}
+    fam = p.family_counts()
+    assert fam == Counter({"attn_res": 186, "moe": 92, "kda": 69, "mla": 24, "dense": 1})
+    assert p.triton_kernels == sum(per[f] * n for f, n in fam.items()) == 1508
+    assert p.cublas_calls == 69 * 4 + 24 * 7 + 92 * 3 + 2 == 722
+    assert p.kernel_bounds == (1508 + 722, 1508 + 2 * 722)
+
+
+@pytest.mark.parametrize("name, delta", [
+    ("mla_epilogue_split", 0), ("delay:kda_step_kernel:4000", 0),
+    ("no_attn_forks", -24),             # cache insert fused into q_concat
+    ("kda_norm_separate", +69),         # gated RMSNorm as its own kernel
+    ("residual_separate", +93 - 7),     # not on the 7 layers that open a block
+    ("router_multipass", +92 * (len(P.TRITON_KERNELS["moe_router/multipass"]) - 1)),
+])
+def test_variant_kernel_deltas(name, delta):
+    base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
+    assert p.triton_kernels - base.triton_kernels == delta
+    assert p.cublas_calls == base.cublas_calls
+
+
+def test_streams_baseline():
+    p = P.build_plan(FULL)
+    on = {(s.family, l.subop): l.stream for s, l in p.launches()}
+    assert on[("kda", P.FAB)] == on[("kda", P.F_B)] == P.AUX2
+    assert on[("mla", P.KV_A)] == on[("mla", P.KV_A_NORM)] == on[("mla", P.CACHE_INSERT)] == P.AUX1
+    assert on[("mla", P.G_PROJ)] == P.AUX2
+    assert on[("moe", P.SHARED_ACT)] == on[("moe", P.SHARED_DOWN)] == P.AUX1
+    side = {k for k, v in on.items() if v != P.MAIN}
+    assert side == {("kda", P.FAB), ("kda", P.F_B), ("mla", P.KV_A), ("mla", P.KV_A_NORM),
+                    ("mla", P.CACHE_INSERT), ("mla", P.G_PROJ), ("moe", P.SHARED_ACT),
+                    ("moe", P.SHARED_DOWN)}
+    assert p.forks() == Counter({P.AUX1: 24 + 92, P.AUX2: 69 + 24})
+
+
+def test_streams_no_attn_forks():
+    p = P.build_plan(FULL, parse("no_attn_forks"))
+    for seg, l in p.launches():
+        if seg.family in ("kda", "mla", "attn_res", "dense"):
+            assert l.stream == P.MAIN, (seg.range_name, l)
+    assert {l.subop for s, l in p.launches() if l.stream != P.MAIN} == {P.SHARED_ACT, P.SHARED_DOWN}
+    assert p.forks() == Counter({P.AUX1: 92})
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_forks_and_joins_are_balanced(name):
+    for seg in P.build_plan(K3Config(num_layers=8), parse(name)).segments:
+        open_: set[str] = set()
+        for item in seg.items:
+            if isinstance(item, P.Fork):
+                assert item.side not in open_
+                open_.add(item.side)
+            elif isinstance(item, P.Join):
+                open_.remove(item.side)
+            elif isinstance(item, P.Launch) and item.stream != P.MAIN:
+                assert item.stream in open_, (seg.range_name, item)
+        assert not open_, seg.range_name
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_nvtx_names(name):
+    p = P.build_plan(FULL, parse(name))
+    for seg in p.segments:
+        assert k3names.parse_layer_range(seg.range_name) == (seg.layer, seg.family)
+        assert seg.family in k3names.FAMILIES
+    subops = {n for n in p.range_names() if k3names.parse_layer_range(n) is None}
+    assert k3names.STEP_RANGE not in p.range_names()
+    assert all(n.isidentifier() for n in subops)
+    ar = Counter(s.layer for s in p.segments for i in s.items if isinstance(i, P.AllReduce))
+    assert all(ar[l] == 2 for l in FULL.layers)  # attention + MLP (placeholders, NVTX only)
+    # Each layer: attn_res, attention, attn_res, MLP.
+    fams = [s.family for s in p.segments if s.layer == 4]
+    assert fams == ["attn_res", "mla", "attn_res", "moe"]
+    assert [s.family for s in p.segments if s.layer == 1] == ["attn_res", "kda", "attn_res", "dense"]
+
+
+def test_every_triton_launch_names_its_kernel():
+    for name in ALL_VARIANTS:
+        for _, l in P.build_plan(FULL, parse(name)).launches():
+            assert (l.kind == P.CUBLAS) == (not l.kernels), l
+            assert l.stream in P.STREAMS and l.kind in (P.TRITON, P.CUBLAS, P.CUTE)
+
+
+def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
+    """Sub-ops per segment with fusions expanded: what is computed, not how it is scheduled."""
+    v, cfg, out = plan.variant, plan.cfg, []
+    for seg in plan.segments:
+        ops = [l.subop for l in seg.launches]
+        if seg.family == "kda" and v.kda_norm_fused:
+            ops.append(P.KDA_NORM)
+        if seg.family == "mla" and not v.attn_forks:
+            ops.append(P.CACHE_INSERT)  # fused into q_concat
+        out.append((seg.layer, seg.family, ops))
+    # A folded residual add lives inside the pre-MLP score (segment 2 of each layer's 4).
+    for i, (layer, fam, ops) in enumerate(out):
+        if fam == "attn_res" and i % 4 == 2 and v.residual_folded and not cfg.opens_block(layer):
+            ops.insert(0, P.RESIDUAL_ADD)
+    return [(l, f, tuple(sorted(o))) for l, f, o in out]
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_variants_change_scheduling_only(name):
+    cfg = K3Config(num_layers=16)  # crosses a block boundary (layer 13)
+    assert _math(P.build_plan(cfg, parse(name))) == _math(P.build_plan(cfg))
+
+
+def test_variant_specific_launchers():
+    cfg = K3Config(num_layers=4)
+    router = [l for _, l in P.build_plan(cfg, parse("router_multipass")).launches()
+              if l.subop == P.ROUTER]
+    assert all(l.kernels == P.TRITON_KERNELS["moe_router/multipass"] for l in router)
+    cute = [l for _, l in P.build_plan(cfg, parse("kda_cute")).launches() if l.subop == P.KDA_STEP]
+    assert all(l.kind == P.CUTE for l in cute)
+
+
+def test_tiny_config_keeps_the_structure():
+    t = tiny_config()
+    assert [t.attention_family(l) for l in t.layers] == ["kda", "kda", "kda", "mla"]
+    assert t.kv_a_width == t.kv_lora + t.qk_rope
+    assert P.build_plan(t).family_counts()["attn_res"] == 8
+
+
+def test_full_depth_constant():
+    assert FULL_DEPTH == 93 == FULL.num_layers
+
+
+def test_model_spec_maps_record_loop_args():
+    from argparse import Namespace
+
+    from kernels.k3 import model_spec
+
+    base = {"batch": 8, "layers": 0, "variant": "baseline", "delay_kernel": "", "delay_ns": 0,
+            "no_fork": False}
+    cfg, v = model_spec(Namespace(**base))
+    assert (cfg.batch, cfg.num_layers, cfg.context, v) == (8, 93, 8192, BASELINE)
+    cfg, v = model_spec(Namespace(**{**base, "layers": 4, "no_fork": True,
+                                     "variant": "router_multipass"}))
+    assert cfg.num_layers == 4 and not v.attn_forks and v.router_multipass
+    _, v = model_spec(Namespace(**{**base, "delay_kernel": "kda_step_kernel", "delay_ns": 4000}))
+    assert v == parse("delay:kda_step_kernel:4000")
+    with pytest.raises(ValueError):
+        model_spec(Namespace(**{**base, "variant": "delay_kda_step"}))  # not a K3 variant name
