@@ -18,9 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from k3trace.analyses import analyze
+from k3trace.analyses import analyze_report
 from k3trace.config import load_config
-from k3trace.ingest import load_report
 
 KERNEL_QUERY = ("SELECT start, end, streamId, shortName, correlationId, graphNodeId, deviceId, globalPid "
                 "FROM CUPTI_ACTIVITY_KIND_KERNEL")
@@ -39,7 +38,7 @@ def cold(path: Path) -> float:
     folder = Path(tempfile.mkdtemp(prefix="k3bench-"))
     try:
         t = time.perf_counter()
-        analyze(load_report(path, cache_dir=folder), load_config())
+        analyze_report(path, load_config(), cache_dir=folder)
         return time.perf_counter() - t
     finally:
         shutil.rmtree(folder)
@@ -47,7 +46,7 @@ def cold(path: Path) -> float:
 
 def warm(path: Path, folder: Path) -> float:
     t = time.perf_counter()
-    analyze(load_report(path, cache_dir=folder), load_config())
+    analyze_report(path, load_config(), cache_dir=folder)
     return time.perf_counter() - t
 
 

@@ -19,7 +19,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from k3trace.config import Config, load_config
 from k3trace.errors import ReportError
-from k3trace.ingest import Tools, Trace, load_report
+from k3trace.ingest import Tools
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Critical-path and two-stream analysis of LLM decode steps from Nsight Systems traces.")
@@ -62,9 +62,11 @@ def _progress(label: str) -> Iterator:
         progress.stop()
 
 
-def load(path: Path, env: Environment) -> Trace:
+def analysis_of(path: Path, cfg: Config, env: Environment):
+    from k3trace.analyses import analyze_report
+
     with _progress(path.name) as update:
-        return load_report(path, cache_dir=env.cache_dir, tools=env.tools, progress=update)
+        return analyze_report(path, cfg, cache_dir=env.cache_dir, tools=env.tools, progress=update)
 
 
 def fail(exc: Exception) -> None:
@@ -92,10 +94,9 @@ class AnalyzeOptions:
 
 
 def run_analyze(opts: AnalyzeOptions) -> None:
-    from k3trace.analyses import analyze
     from k3trace.render.terminal import render_analysis
 
-    analysis = analyze(load(opts.report, opts.env), opts.config)
+    analysis = analysis_of(opts.report, opts.config, opts.env)
     if opts.json:
         sys.stdout.write(json.dumps(analysis.to_json(), indent=2) + "\n")
     else:
@@ -130,12 +131,11 @@ class DiffOptions:
 
 
 def run_diff(opts: DiffOptions) -> None:
-    from k3trace.analyses import analyze
     from k3trace.diff import diff
     from k3trace.render.terminal import render_diff
 
-    old = [analyze(load(p, opts.env), opts.config) for p in opts.old]
-    new = [analyze(load(p, opts.env), opts.config) for p in opts.new]
+    old = [analysis_of(p, opts.config, opts.env) for p in opts.old]
+    new = [analysis_of(p, opts.config, opts.env) for p in opts.new]
     result = diff(old, new)
     if opts.html is not None:
         from k3trace.render.html import write_diff_page

@@ -81,7 +81,7 @@ def load_report(
     path = Path(path)
     if not path.exists():
         raise ReportError(f"{path.name}: no such file or folder", "check the path of the report")
-    key = _cache_key(path)
+    key = report_key(path)
     if cache_dir is not None:
         cached = _read_cache(cache_dir, key)
         if cached is not None:
@@ -191,7 +191,8 @@ def _run(cmd: list[str], label: str, what: str) -> None:
 
 # -- cache -------------------------------------------------------------------------------
 
-def _cache_key(path: Path) -> str:
+def report_key(path: Path) -> str:
+    """The cache key of a report: its resolved path, size, mtime and the schema version."""
     st = path.stat()
     size = st.st_size if path.is_file() else sum(p.stat().st_size for p in path.glob("*.parquet"))
     ident = f"{path.resolve()}|{size}|{st.st_mtime_ns}|schema{schema.SCHEMA_VERSION}"

@@ -1,0 +1,110 @@
+"""analyze(): one report's decode-step anatomy, every number as METRICS.md defines it;
+analyze_report(): the same from a path, with the result cached beside the trace cache."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import polars as pl
+
+import k3trace
+from k3trace.analyses import completeness, critical_path, families, kernels, pdl, pre_attention, stepgraph, steptimes
+from k3trace.analyses import store
+from k3trace.analyses.overlap import step_overlap
+from k3trace.analyses.result import KERNEL_COLUMNS, PATH_COLUMNS, Analysis
+from k3trace.config import Config
+from k3trace.errors import ReportError
+from k3trace.ingest import Progress, Tools, Trace, load_report, report_key
+from k3trace.model.labels import label_kernels, source_counts
+from k3trace.model.stable import classify_steps
+from k3trace.model.steps import assign_steps
+
+
+def analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None = None, tools: Tools = Tools(),
+                   progress: Progress = lambda _: None) -> Analysis:
+    """`analyze(load_report(path))`, reusing a cached result for the same report, config and
+    k3trace version."""
+    path = Path(path)
+    if cache_dir is None or not path.exists():
+        return analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress), cfg)
+    ident = f"{report_key(path)}|{cfg!r}|{k3trace.__version__}|{store.FORMAT}"
+    folder = cache_dir / "analyses" / hashlib.sha256(ident.encode()).hexdigest()[:24]
+    cached = store.load(folder)
+    if cached is not None:
+        progress("cached analysis")
+        return cached
+    result = analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress), cfg)
+    progress("writing cache")
+    store.save(result, folder)
+    return result
+
+
+def analyze(trace: Trace, cfg: Config) -> Analysis:
+    if trace.kernels.is_empty():
+        raise ReportError(f"{trace.source}: the report holds no kernel records",
+                          "record GPU work with `nsys profile -t cuda,nvtx --cuda-graph-trace=node`")
+    if completeness.graph_level_tracing(trace):
+        raise ReportError(
+            f"{trace.source}: CUDA graphs were traced at graph level (no per-kernel records of the replays)",
+            "record again with `nsys profile --cuda-graph-trace=node`",
+        )
+    assignment = assign_steps(trace, cfg)
+    steps = classify_steps(assignment.steps, cfg)
+    labelled = label_kernels(trace, assignment, cfg)
+    stable_ids = steps.filter(pl.col("stable")).select("step")
+    if stable_ids.is_empty():
+        raise ReportError(
+            f"{trace.source}: none of the {steps.height} decode steps is stable "
+            f"({', '.join(f'{r}: {n}' for r, n in steps.group_by('drop_reason').len().iter_rows())})",
+            "record more steps (warm-up is dropped) or lower [steps] warmup in a --config file",
+        )
+    stable_kernels = labelled.join(stable_ids, on="step", how="semi")
+    overlap = step_overlap(stable_kernels)
+    n = stable_ids.height
+    pairs = pdl.same_stream_pairs(stable_kernels, cfg)
+    notes = []
+    if assignment.other_lanes:
+        notes.append(f"analysed process {assignment.lane[0]} on device {assignment.lane[1]}; "
+                     f"{assignment.other_lanes} other process/device lanes with GPU work were left out")
+    counts = source_counts(labelled)
+    if counts["nvtx"] + counts["graph_capture"] + counts["aligned_eager"] == 0:
+        notes.append("no layer NVTX ranges: families come from kernel-name rules only, layers are unknown")
+    step_times = steptimes.per_step(steps, overlap)
+    path = critical_path.walk(critical_path.dependency_edges(stable_kernels, cfg), steps)
+    graph = stepgraph.build(path)
+    slack = graph.nodes.with_columns(pl.Series("slack_ns", stepgraph.slack(graph))).group_by("name", "family").agg(
+        (pl.col("slack_ns").min() / 1e3).alias("slack_us"))
+    family_rows = families.family_table(overlap, n).join(critical_path.by_family(path), on="family", how="left")
+    kernel_rows = (
+        kernels.kernel_table(overlap, n)
+        .join(critical_path.by_kernel(path), on=["name", "family"], how="left")
+        .join(slack, on=["name", "family"], how="left")
+    )
+    pdl_steps = pdl.per_step(pairs)
+    windows = pre_attention.windows(stable_kernels, cfg)
+    dropped = steps.filter(~pl.col("stable")).group_by("drop_reason").len()
+    return Analysis(
+        report=trace.source,
+        nsys_version=trace.nsys_version,
+        step_source=assignment.source,
+        config=cfg,
+        steps=steps,
+        kernels=labelled.select(KERNEL_COLUMNS),
+        step_times=step_times,
+        families=family_rows,
+        kernel_table=kernel_rows,
+        path=path.select(PATH_COLUMNS),
+        path_steps=critical_path.per_step(path),
+        graph=graph,
+        pre_attention=windows,
+        pdl_steps=pdl_steps,
+        label_sources=counts,
+        completeness=completeness.check(trace, steps, labelled, cfg, assignment.lane[0]),
+        step_stats={col: steptimes.quantiles_us(step_times[col])
+                    for col in ("period", "span", "host", "busy", "residency")},
+        pre_attention_summary=pre_attention.summary(windows),
+        pdl_summary=pdl.summary(pdl_steps),
+        dropped={str(r): int(c) for r, c in dropped.iter_rows()},
+        notes=tuple(notes),
+    )
