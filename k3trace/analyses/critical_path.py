@@ -35,7 +35,8 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
         pl.when(same).then(pl.col("kernel_id").shift(1)).alias("stream_pred"),
         pl.when(same).then(pl.col("end").shift(1)).alias("stream_release"),
     )
-    join_pred = _latest_other_stream(k, pl.col("start")).drop("start_probe_floor")
+    lookup = _end_order(k)
+    join_pred = _latest_other_stream(lookup, k, pl.col("start")).drop("start_probe_floor")
     out = k.join(stream_pred, on="kernel_id", how="left").join(join_pred, on="kernel_id", how="left")
     out = out.with_columns(pl.col("launch_start").alias("launch_release"))
     # Graph replays place programmatic (PDL) edges across internal streams too, and there
@@ -45,7 +46,7 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     usual = pl.max_horizontal("stream_release", "join_release", "launch_release")
     waited = (pl.col("start") - usual) > cfg.pdl_max_gap_ns
     probe = pl.min_horizontal(pl.col("start") + cfg.pdl_max_overlap_ns, pl.col("end") - 1)
-    overlap = _latest_other_stream(k, probe, out.filter(waited)).filter(
+    overlap = _latest_other_stream(lookup, out.filter(waited), probe).filter(
         pl.col("join_release") > pl.col("start_probe_floor")
     ).select("kernel_id", pl.col("join_pred").alias("ov_pred"), pl.col("join_release").alias("ov_release"))
     out = out.join(overlap, on="kernel_id", how="left").with_columns(
@@ -70,24 +71,23 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     return out.sort("kernel_id")
 
 
-def _latest_other_stream(k: pl.DataFrame, probe: pl.Expr, probing: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per kernel of `probing` (default: all of `k`): the latest-ending kernel of `k` on
-    *another* stream in its step with end <= probe.
-
-    The step's kernels are ordered by end; the as-of match is the latest end <= probe. If
-    that kernel is on the probing kernel's own stream, the latest other-stream one is the
-    entry just before its run of same-stream neighbours in end order.
-    """
-    by_end = k.sort("step", "end").with_row_index("end_pos")
+def _end_order(k: pl.DataFrame) -> pl.DataFrame:
+    """The step's kernels ordered by end, each with the position just before its run of
+    same-stream neighbours in that order (where the latest other-stream end is found)."""
+    by_end = k.select("step", "stream_id", "kernel_id", "end").sort("step", "end").with_row_index("end_pos")
     new_run = (pl.col("stream_id") != pl.col("stream_id").shift(1)) | (pl.col("step") != pl.col("step").shift(1))
-    by_end = by_end.with_columns(
-        pl.when(new_run.fill_null(True)).then(pl.col("end_pos")).forward_fill().alias("run_first")
-    ).with_columns((pl.col("run_first").cast(pl.Int64) - 1).alias("before_run"))
-    lookup = by_end.select("end_pos", "step", pl.col("kernel_id").alias("cand"), pl.col("stream_id").alias("cand_stream"),
-                           pl.col("end").alias("cand_end"), "before_run")
-    probes = (k if probing is None else probing).select(
-        "kernel_id", "step", "stream_id", "start", probe.alias("_probe")).sort("_probe")
-    cand = probes.join_asof(lookup.sort("cand_end"), left_on="_probe", right_on="cand_end", by="step",
+    return by_end.with_columns(
+        (pl.when(new_run.fill_null(True)).then(pl.col("end_pos")).forward_fill().cast(pl.Int64) - 1).alias("before_run")
+    ).select("end_pos", "step", pl.col("kernel_id").alias("cand"), pl.col("stream_id").alias("cand_stream"),
+             pl.col("end").alias("cand_end"), "before_run")
+
+
+def _latest_other_stream(lookup: pl.DataFrame, probing: pl.DataFrame, probe: pl.Expr) -> pl.DataFrame:
+    """Per kernel of `probing`: the latest-ending kernel on *another* stream in its step with
+    end <= probe. The as-of match is the latest end <= probe; if that kernel is on the
+    probing kernel's own stream, the latest other-stream one sits just before its run."""
+    probes = probing.select("kernel_id", "step", "stream_id", "start", probe.alias("_probe")).sort("_probe")
+    cand = probes.join_asof(lookup, left_on="_probe", right_on="cand_end", by="step",
                             strategy="backward", check_sortedness=False)
     fallback = lookup.select(pl.col("end_pos").cast(pl.Int64).alias("before_run"), pl.col("step").alias("fb_step"),
                              pl.col("cand").alias("fb"), pl.col("cand_end").alias("fb_end"))

@@ -14,18 +14,20 @@ def windows(stable_kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     k = stable_kernels.filter(pl.col("layer").is_not_null())
     fmha = (
         k.filter(pl.col("family").is_in(cfg.full_attention_families), pl.col("name").str.contains(cfg.fmha_pattern))
-        .sort("start")
-        .group_by("step", "layer", maintain_order=True)
-        .agg(pl.col("start").first().alias("fmha_start"), pl.col("name").first().alias("fmha_kernel"))
+        .group_by("step", "layer")
+        .agg(pl.col("start").min().alias("fmha_start"), pl.col("name").sort_by("start").first().alias("fmha_kernel"))
     )
     if fmha.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "layer": pl.Int64, "window_ns": pl.Int64,
                                     "fmha_kernel": pl.String, "residual_kernel": pl.String})
-    prev = k.with_columns((pl.col("layer") + 1).alias("next_layer"), pl.col("name").str.contains(cfg.residual_pattern).alias("is_residual"))
+    # Only the layers just before a full-attention layer matter.
+    before = k.filter(pl.col("layer").is_in((fmha["layer"] - 1).unique().implode()))
+    prev = before.with_columns((pl.col("layer") + 1).alias("next_layer"),
+                               pl.col("name").str.contains(cfg.residual_pattern).alias("is_residual"))
     # Prefer residual-pattern kernels; within the preferred set, the last to end.
     completing = (
         prev.sort("is_residual", "end")
-        .group_by("step", "next_layer", maintain_order=True)
+        .group_by("step", "next_layer")
         .agg(pl.col("end").last().alias("residual_end"), pl.col("name").last().alias("residual_kernel"))
         .rename({"next_layer": "layer"})
     )

@@ -46,7 +46,7 @@ def load(folder: Path) -> Analysis | None:
     try:
         with open(folder / "rest.pickle", "rb") as fh:
             rest = pickle.load(fh)
-        frames = {p.stem: pl.read_ipc(p, memory_map=False) for p in folder.glob("*.arrow")}
+        frames = {p.stem: pl.read_ipc(p) for p in folder.glob("*.arrow")}
         return Analysis(**rest, **frames)
     except (OSError, EOFError, pickle.UnpicklingError, TypeError, AttributeError, pl.exceptions.PolarsError):
         return None  # a damaged or stale entry is recomputed, never trusted

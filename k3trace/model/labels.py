@@ -134,14 +134,18 @@ def label_kernels(trace: Trace, assignment: StepAssignment, cfg: Config) -> pl.D
 
 
 def with_segments(kernels: pl.DataFrame) -> pl.DataFrame:
-    """`segment`: index of the contiguous run of one (layer, family) in launch order within
-    a step (or an eager step); a new segment starts whenever the pair changes."""
+    """`segment`: an id of the contiguous run of one (layer, family) in launch order within
+    a step (or an eager step); a new segment starts whenever the pair changes. Ids are
+    unique across the trace (counted per step where needed), not restarted per step."""
     group = pl.coalesce(pl.col("step"), -1 - pl.col("eager_step")).alias("seg_group")
-    key = pl.struct(pl.col("layer").fill_null(-1), "family")
     ordered = kernels.with_columns(group).sort("seg_group", "launch_rank")
-    changed = (key != key.shift(1).over("seg_group")).fill_null(True)
+    changed = (
+        (pl.col("seg_group") != pl.col("seg_group").shift(1))
+        | (pl.col("layer").fill_null(-1) != pl.col("layer").fill_null(-1).shift(1))
+        | (pl.col("family") != pl.col("family").shift(1))
+    ).fill_null(True)
     return (
-        ordered.with_columns(changed.cast(pl.Int64).cum_sum().over("seg_group").sub(1).alias("segment"))
+        ordered.with_columns(changed.cast(pl.Int64).cum_sum().sub(1).alias("segment"))
         .drop("seg_group")
         .sort("kernel_id")
     )

@@ -50,6 +50,7 @@ from kernels.k3.ops.moe import (
     router_scratch_shape,
     situ_mul,
 )
+from kernels.k3.ops.gemv import gemv
 from kernels.k3.ops.norm import rmsnorm
 from kernels.k3.variants import BASELINE, Variant
 from kernels.streams import Streams, fork, join, nvtx_range, on
@@ -73,7 +74,7 @@ class AttnResWeights:
 @dataclass
 class KDALayer:
     qkvg: torch.Tensor           # [H, 4*1536]
-    fab: torch.Tensor            # [H, 128 + 12]   f_a | b
+    fab_t: torch.Tensor          # [128 + 12, H]   f_a | b, stored transposed for the GEMV
     f_b: torch.Tensor            # [128, 1536]
     conv_w: torch.Tensor         # [4608, 4]
     A_log: torch.Tensor          # [12] fp32
@@ -255,7 +256,7 @@ class K3Decode:
         c, H, B = self.cfg, self.cfg.hidden, self.cfg.batch
         NH, D = c.kda_heads, c.kda_head_dim
         return KDALayer(
-            qkvg=self._w(H, H, c.qkvg_width), fab=self._w(H, H, c.fab_width),
+            qkvg=self._w(H, H, c.qkvg_width), fab_t=self._w(H, H, c.fab_width).t().contiguous(),
             f_b=self._w(c.kda_f_rank, c.kda_f_rank, c.kda_width),
             conv_w=self._randn(c.conv_channels, c.conv_width, std=0.5),
             # alpha = exp(-5 sigmoid(exp(A_log) (f + dt_bias))): dt_bias ~ -2 keeps most
@@ -426,7 +427,7 @@ class K3Decode:
             side = self._fork(P.AUX2, v.attn_forks)
             self._mm(P.QKVG, s.x, w.qkvg, s.qkvg)
             with self._on(side):  # gate/beta GEMVs: read only x
-                self._mm(P.FAB, s.x, w.fab, s.fab)
+                self._triton(P.FAB, gemv, s.x, w.fab_t, s.fab)
                 self._mm(P.F_B, s.fab[:, :cfg.kda_f_rank], w.f_b, s.fb)
             self._triton(P.CONV, kda_conv_silu, s.qkvg, w.conv_state, w.conv_w, self.slot_idx,
                          s.conv_out)

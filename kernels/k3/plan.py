@@ -75,6 +75,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "moe_grouped_gemm": ("moe_grouped_gemm_kernel",),
     "situ_mul": ("situ_mul_kernel",),
     "moe_weighted_sum": ("moe_weighted_sum_kernel",),
+    "gemv": ("gemv_kernel",),
 }
 #: The CuTe DSL KDA step (variant kda_cute).
 CUTE_KDA_KERNEL = "kda_step_cute"
@@ -216,7 +217,8 @@ def kda_items(cfg: K3Config, v: Variant) -> list[Item]:
     if v.attn_forks:
         items.append(Fork(AUX2))
     items.append(_mm(QKVG, MAIN))
-    items += [_mm(FAB, side), _mm(F_B, side)]
+    # [f_a | b] as a Triton GEMV: cuBLAS's dot_kernel took 28 us there (first H200 trace).
+    items += [_t(FAB, side, "gemv"), _mm(F_B, side)]
     items.append(_t(CONV, MAIN, "kda_conv_silu"))
     if v.attn_forks:
         items.append(Join(AUX2))

@@ -101,7 +101,7 @@ class ReferenceDecode:
     def _kda(self, l: int, w: KDALayer, x: torch.Tensor) -> torch.Tensor:
         cfg, m = self.cfg, self.m
         qkvg = _mm(x, w.qkvg)
-        fab = _mm(x, w.fab)
+        fab = _mm(x, w.fab_t.t())
         fb = _mm(fab[:, :cfg.kda_f_rank], w.f_b)
         conv, self.conv_state[l] = R.ref_kda_conv_silu(qkvg, self.conv_state[l], w.conv_w,
                                                        m.slot_idx)

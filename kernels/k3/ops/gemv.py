@@ -1,0 +1,48 @@
+"""Skinny GEMV for decode: out[B, N] = x[B, K] @ w_t[N, K]^T, for small N.
+
+cuBLAS picks a `dot_kernel` + `reduce_1Block_kernel` pair for the KDA [f_a | b] projection
+(7168 -> 140 at B = 1), which the first full-depth H200 trace showed at 28 us per layer, on
+the critical path behind the side-stream join. Reading the weight transposed (each output's
+K contiguous) lets one program stream a couple of rows with coalesced loads: ~2 MB at
+bandwidth instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.k3.ops.common import launch, pdl_trigger, pdl_wait, spin, to_dtype
+
+
+@triton.jit
+def gemv_kernel(x, w_t, out, K, N, stride_x, stride_w, stride_out,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    n0 = tl.program_id(0) * BLOCK_N
+    b = tl.program_id(1).to(tl.int64)
+    ns = n0 + tl.arange(0, BLOCK_N)
+    nm = ns < N
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    pdl_wait(USE_PDL)  # x is the producer's output; the weights are not, but stream with it
+    for k0 in range(0, K, BLOCK_K):
+        km = (k0 + ks) < K
+        xv = tl.load(x + b * stride_x + k0 + ks, mask=km, other=0.0).to(tl.float32)
+        wv = tl.load(w_t + ns[:, None].to(tl.int64) * stride_w + k0 + ks[None, :],
+                     mask=nm[:, None] & km[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(wv * xv[None, :], axis=1)
+    tl.store(out + b * stride_out + ns, to_dtype(acc, out.dtype.element_ty), mask=nm)
+    spin(DELAY_NS)
+    pdl_trigger(USE_PDL)
+
+
+def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int = 2, block_k: int = 1024,
+         delay_ns: int = 0) -> torch.Tensor:
+    """out = x @ w_t.T with x [B, K] (row-strided ok), w_t [N, K] contiguous, out [B, N]."""
+    B, K = x.shape
+    N = w_t.shape[0]
+    assert w_t.shape[1] == K and w_t.stride(1) == 1 and x.stride(1) == 1 and out.stride(1) == 1
+    launch(gemv_kernel, (triton.cdiv(N, block_n), B), x, w_t, out, K, N, x.stride(0), w_t.stride(0), out.stride(0),
+           delay_ns=delay_ns, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    return out

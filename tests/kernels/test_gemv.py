@@ -1,0 +1,33 @@
+"""The skinny GEMV ([f_a | b] projection) against torch, on CPU (interpreter) and the H200."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from kernels.k3.ops.gemv import gemv  # noqa: E402
+
+
+def run(B, K, N, device):
+    g = torch.Generator(device="cpu").manual_seed(B * 1000 + N)
+    x = torch.randn(B, K, generator=g).to(device, torch.bfloat16)
+    w_t = (torch.randn(N, K, generator=g) * K ** -0.5).to(device, torch.bfloat16)
+    out = torch.empty(B, N, device=device, dtype=torch.bfloat16)
+    gemv(x, w_t, out)
+    want = x.double() @ w_t.double().t()
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("B,K,N", [(1, 300, 7), (3, 2048, 140)])
+def test_gemv_cpu(B, K, N):
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter test")
+    run(B, K, N, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 8, 64])
+def test_gemv_k3_shape(B):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run(B, 7168, 140, "cuda")
