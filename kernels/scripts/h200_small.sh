@@ -2,7 +2,7 @@
 # Records the small workload's fixture traces on the H200 (run through the device tool with
 # `.nsys` carried; see ../shared/gpu/README.md). Leaves compressed .qdstrm files in $OUT.
 set -u
-dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+[ -x /tmp/nx/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
 N=/tmp/nx/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys
 export PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
 mkdir -p /tmp/rec
