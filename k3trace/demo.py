@@ -8,8 +8,9 @@ from pathlib import Path
 
 from k3trace.errors import ReportError
 
-#: baseline, and the same workload with 4 us injected into every KDA step kernel.
-DEMO_PAIR = ("small_inside_a", "small_delay_kda_step")
+#: The K3 decode path (8 layers, B=1) with every attention launch on the main stream, and
+#: the same with the aux-stream forks on (seed 001's change).
+DEMO_PAIR = ("k3_bs1_no_attn_forks", "k3_bs1_base_a")
 
 
 def bundled_trace(name: str) -> Path:

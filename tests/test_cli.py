@@ -83,4 +83,4 @@ def test_demo_runs_on_bundled_traces(cache_dir):
     result = invoke("demo", "--cache-dir", str(cache_dir))
     assert result.exit_code == 0
     assert "k3trace analyze" in result.stdout and "k3trace diff" in result.stdout
-    assert "kda_step" in result.stdout
+    assert "FASTER" in result.stdout and "gemv_kernel" in result.stdout
