@@ -37,12 +37,16 @@ def gemv_kernel(x, w_t, out, K, N, stride_x, stride_w, stride_out,
     pdl_trigger(USE_PDL)
 
 
-def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int = 2, block_k: int = 1024,
-         delay_ns: int = 0) -> torch.Tensor:
-    """out = x @ w_t.T with x [B, K] (row-strided ok), w_t [N, K] contiguous, out [B, N]."""
+def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int = 1, block_k: int = 0,
+         num_warps: int = 8, delay_ns: int = 0) -> torch.Tensor:
+    """out = x @ w_t.T with x [B, K] (row-strided ok), w_t [N, K] contiguous, out [B, N].
+
+    One program per output (and token) reading its whole weight row in one load: a K-loop
+    of dependent 4 KB loads measured 19 us at 7168 -> 140 on the H200, latency-bound."""
     B, K = x.shape
     N = w_t.shape[0]
     assert w_t.shape[1] == K and w_t.stride(1) == 1 and x.stride(1) == 1 and out.stride(1) == 1
+    block_k = block_k or min(triton.next_power_of_2(K), 8192)
     launch(gemv_kernel, (triton.cdiv(N, block_n), B), x, w_t, out, K, N, x.stride(0), w_t.stride(0), out.stride(0),
-           delay_ns=delay_ns, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+           delay_ns=delay_ns, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
     return out
