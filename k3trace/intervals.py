@@ -25,14 +25,24 @@ def _on_one_timeline(frame: pl.DataFrame, by: Keys, cols: Sequence[str]) -> tupl
     lo = min(int(frame[c].min()) for c in cols) if frame.height else 0
     hi = max(int(frame[c].max()) for c in cols) if frame.height else 0
     stride = hi - lo + 2
-    if by:
-        group = pl.struct(by).rank("dense").cast(pl.Int64) - 1 if len(by) > 1 else pl.col(by[0]).rank("dense").cast(pl.Int64) - 1
-    else:
-        group = pl.lit(0, pl.Int64)
-    out = frame.with_columns(group.alias("_g")).with_columns(
+    out = frame.with_columns(_group_index(frame, by).alias("_g")).with_columns(
         (pl.col(c) - lo + pl.col("_g") * stride).alias(c) for c in cols
     )
     return out, lo, stride
+
+
+def _group_index(frame: pl.DataFrame, by: list[str]) -> pl.Expr:
+    """A dense-enough integer per group: integer keys are combined arithmetically (ranking
+    a struct of keys costs more than the rest of a union); other keys are ranked."""
+    if not by:
+        return pl.lit(0, pl.Int64)
+    if not all(frame.schema[c].is_integer() for c in by):
+        return pl.struct(by).rank("dense").cast(pl.Int64) - 1
+    index = pl.lit(0, pl.Int64)
+    for c in by:
+        rank = pl.col(c).rank("dense").cast(pl.Int64) - 1
+        index = index * (pl.col(c).n_unique().cast(pl.Int64)) + rank
+    return index
 
 
 def _from_timeline(frame: pl.DataFrame, cols: Sequence[str], lo: int, stride: int) -> pl.DataFrame:
@@ -78,7 +88,7 @@ def coverage(frame: pl.DataFrame, by: Keys, lane: str, at_least: int = 2) -> pl.
     overlap by some CUPTI versions) never counts as two streams.
     """
     by = list(by)
-    per_lane = union(frame, [*by, lane])
+    per_lane = union(frame, [*by, lane]) if _lane_overlaps(frame, [*by, lane]) else frame.select(*by, "start", "end")
     if per_lane.is_empty():
         return per_lane.select(*by, "start", "end")
     flat, lo, stride = _on_one_timeline(per_lane, by, ["start", "end"])
@@ -94,6 +104,17 @@ def coverage(frame: pl.DataFrame, by: Keys, lane: str, at_least: int = 2) -> pl.
     )
     pieces = _from_timeline(pieces, ["start", "end"], lo, stride).drop("_g")
     return union(pieces, by)
+
+
+def _lane_overlaps(frame: pl.DataFrame, keys: list[str]) -> bool:
+    """Does any interval start before the previous one of its lane ended? Lanes are
+    streams, which run their work in order, so only neighbours can overlap (a PDL prologue
+    reported as overlap); checking consecutive pairs is enough."""
+    if frame.height < 2:
+        return False
+    ordered = frame.select(*keys, "start", "end").sort(*keys, "start")
+    same = pl.all_horizontal(pl.col(k) == pl.col(k).shift(1) for k in keys)
+    return bool(ordered.select((same & (pl.col("start") < pl.col("end").shift(1))).any()).item())
 
 
 def measure_within(frame: pl.DataFrame, mask: pl.DataFrame, by: Keys, name: str,
