@@ -103,17 +103,58 @@ def run_analyze(opts: AnalyzeOptions) -> None:
         Console().print(render_analysis(analysis))
 
 
+@dataclass(frozen=True)
+class RanksOptions:
+    reports: tuple[Path, ...]
+    json: bool
+    config: Config
+    env: Environment
+    workers: int | None
+    memory_gb: float | None
+    engine: str
+    scheduler: str | None
+
+
+def run_ranks(opts: RanksOptions) -> None:
+    from k3trace.analyses.ranks import analyze_ranks
+    from k3trace.render.terminal import render_ranks
+
+    with _progress(f"{len(opts.reports)} rank reports") as update:
+        update("analysing in parallel")
+        result = analyze_ranks(opts.reports, opts.config, cache_dir=opts.env.cache_dir, tools=opts.env.tools,
+                               workers=opts.workers, engine=opts.engine, scheduler=opts.scheduler,
+                               memory_per_worker=int(opts.memory_gb * 2**30) if opts.memory_gb else None)
+    if opts.json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+    else:
+        Console().print(render_ranks(result))
+
+
 @app.command("analyze")
 def analyze_cmd(
-    report: Path = typer.Argument(..., help=".nsys-rep, .qdstrm, SQLite or parquetdir export (optionally compressed)."),
+    reports: list[Path] = typer.Argument(..., help="Report(s): .nsys-rep, .qdstrm, SQLite or parquetdir export "
+                                                    "(optionally compressed); several, a folder or a quoted glob: "
+                                                    "one report per rank."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
     config: Optional[Path] = ConfigOpt,
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
+    workers: Optional[int] = typer.Option(None, "--workers", help="Rank reports analysed at once (default: CPUs)."),
+    memory_gb: Optional[float] = typer.Option(None, "--memory-per-worker", help="Address-space cap per worker, GiB."),
+    engine: str = typer.Option("local", "--engine", help="local (process pool) or dask."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (engine dask)."),
 ) -> None:
     """A decode step's anatomy: steps, families, two-stream residency, exposed time, PDL."""
     try:
-        run_analyze(AnalyzeOptions(report, json_out, load_config(config), Environment.resolve(cache_dir, no_cache)))
+        from k3trace.analyses.ranks import resolve_reports
+
+        env = Environment.resolve(cache_dir, no_cache)
+        paths = resolve_reports(reports)
+        if len(paths) > 1:
+            run_ranks(RanksOptions(tuple(paths), json_out, load_config(config), env, workers, memory_gb, engine,
+                                   scheduler))
+            return
+        run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config), env))
     except typer.Exit:
         raise
     except Exception as exc:  # noqa: BLE001 - the CLI boundary turns every failure into one line

@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--layers", type=int, default=0, help="0: the workload's own depth")
     p.add_argument("--context", type=int, default=0, help="k3-decode: tokens of history (0: its default)")
+    p.add_argument("--seed", type=int, default=0, help="k3-decode: weight seed (a stand-in rank gets its own)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--eager-steps", type=int, default=1)

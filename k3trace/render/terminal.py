@@ -135,3 +135,25 @@ def diff_families(d) -> RenderableType:
 
 def render_diff(d) -> RenderableType:
     return Group(diff_header(d), attribution_table(d), diff_families(d))
+
+
+# -- several ranks ------------------------------------------------------------------------
+
+def render_ranks(r) -> RenderableType:
+    t = Table(title="ranks (median over each rank's stable steps, us)")
+    for col in ("rank", "report", "steps", "period", "span", "busy", "residency", "all-reduce exposed", "complete"):
+        t.add_column(col, justify="left" if col == "report" else "right")
+    ar = {row["rank"]: row for row in r.all_reduce.iter_rows(named=True)}
+    for i, a in enumerate(r.ranks):
+        q = a.step_stats
+        t.add_row(str(i), a.report, str(a.stable_steps), _us(q["period"]["median"], 2), _us(q["span"]["median"], 2),
+                  _us(q["busy"]["median"], 2), _us(q["residency"]["median"], 2), _us(ar[i]["exposed_us"], 2),
+                  "yes" if a.completeness.ok else "NO")
+    from k3trace.analyses.ranks import skew_summary
+
+    s = skew_summary(r.skew)
+    skew = ("rank skew: n/a (one rank)" if s["median_us"] is None else
+            f"rank skew per step and layer (latest minus earliest layer finish): median {s['median_us']:.2f} us, "
+            f"p90 {s['p90_us']:.2f} us; rank finishing a layer last: "
+            + ", ".join(f"rank {k} {v}x" for k, v in s["last_rank_counts"].items()))
+    return Group(t, Text(skew))

@@ -27,7 +27,7 @@ def model_spec(args):
             raise ValueError("one delay only: --variant delay:... and --delay-kernel/--delay-ns differ")
         variant = variant.with_delay(delay_kernel, delay_ns)
     cfg = K3Config(batch=args.batch, num_layers=getattr(args, "layers", 0) or FULL_DEPTH,
-                   context=getattr(args, "context", 0) or K3Config.context)
+                   context=getattr(args, "context", 0) or K3Config.context, seed=getattr(args, "seed", 0))
     return cfg, variant
 
 

@@ -76,3 +76,13 @@ long)
   rec k3_full_bs1_no_attn_forks --steps 60 --variant no_attn_forks
   pack k3_full ;;
 esac
+# Stand-in ranks (issue: several ranks, on a one-GPU machine): the same K3 decode loop
+# run once per rank in distinct processes with their own weights, one report each.
+if [ "$phase" = ranks ]; then
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py 2>&1 | tail -3
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --json $OUT/bench_bs1.json 2>&1 | tail -3
+  for r in 0 1; do rec k3_rank$r --layers 8 --steps 30 --seed $r; done
+  pack k3_ranks
+fi

@@ -1,0 +1,149 @@
+"""Several ranks of one run: one report per rank, analysed in parallel, then compared.
+
+Each report is analysed in its own worker process (one per report, memory capped per
+worker), through a local process pool by default or Dask (the engine Nsight Systems' own
+multi-report recipes use) when the reports outgrow one machine. Across ranks: the per-rank
+step anatomy, rank skew per step and layer (which rank finished each layer last), and the
+exposed time of the all-reduce segments.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import resource
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import polars as pl
+
+from k3trace.analyses.pipeline import analyze_report
+from k3trace.analyses.result import Analysis
+from k3trace.config import Config
+from k3trace.errors import ReportError
+from k3trace.ingest import Tools
+
+#: Kernels of a collective (NCCL and the common custom all-reduce kernels).
+ALL_REDUCE = r"(?i)nccl.*(allreduce|all_reduce)|all_?reduce|allreduce|cross_device_reduce|lamport|one_?shot"
+REPORT_SUFFIXES = (".nsys-rep", ".qdstrm", ".sqlite", ".xz", ".gz")
+
+
+@dataclass(frozen=True)
+class RankSet:
+    ranks: tuple[Analysis, ...]          # in rank order (sorted report names)
+    skew: pl.DataFrame                   # per (step ordinal, layer): finish per rank, last rank, skew
+    all_reduce: pl.DataFrame             # per rank: all-reduce kernels' busy and exposed time per step
+
+    def to_json(self) -> dict:
+        return {
+            "ranks": [a.to_json() for a in self.ranks],
+            "rank_skew": skew_summary(self.skew),
+            "all_reduce": self.all_reduce.to_dicts(),
+        }
+
+
+def resolve_reports(spec: Sequence[Path]) -> list[Path]:
+    """Report paths from files, folders of reports (not parquetdir exports) and globs."""
+    out: list[Path] = []
+    for item in spec:
+        text = str(item)
+        if any(ch in text for ch in "*?["):
+            out += sorted(Path(p) for p in glob.glob(text))
+        elif item.is_dir() and not (item / "StringIds.parquet").exists():
+            out += sorted(p for p in item.iterdir() if p.name.endswith(REPORT_SUFFIXES)
+                          or (p.is_dir() and (p / "StringIds.parquet").exists()))
+        else:
+            out.append(item)
+    if not out:
+        raise ReportError(f"no reports found in {', '.join(map(str, spec))}",
+                          "pass report files, a folder of per-rank reports, or a quoted glob")
+    return out
+
+
+def _limit_memory(limit_bytes: int | None) -> None:
+    if limit_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def _one(args: tuple[Path, Config, Path | None, Tools]) -> Analysis:
+    path, cfg, cache_dir, tools = args
+    return analyze_report(path, cfg, cache_dir=cache_dir, tools=tools)
+
+
+def analyze_ranks(paths: Sequence[Path], cfg: Config, *, cache_dir: Path | None = None, tools: Tools = Tools(),
+                  workers: int | None = None, memory_per_worker: int | None = None,
+                  engine: str = "local", scheduler: str | None = None) -> RankSet:
+    jobs = [(Path(p), cfg, cache_dir, tools) for p in paths]
+    if engine == "dask":
+        results = _with_dask(jobs, scheduler)
+    elif engine == "local":
+        count = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+        with ProcessPoolExecutor(count, initializer=_limit_memory, initargs=(memory_per_worker,)) as pool:
+            results = list(pool.map(_one, jobs))
+    else:
+        raise ReportError(f"unknown engine {engine!r}", "use --engine local or --engine dask")
+    return RankSet(ranks=tuple(results), skew=rank_skew(results), all_reduce=all_reduce_exposure(results))
+
+
+def _with_dask(jobs: list, scheduler: str | None) -> list[Analysis]:
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise ReportError("--engine dask needs dask.distributed",
+                          "pip install 'dask[distributed]', or use the default local engine") from None
+    with Client(scheduler) if scheduler else Client(processes=True) as client:
+        return client.gather(client.map(_one, jobs, pure=False))
+
+
+def layer_finish(a: Analysis) -> pl.DataFrame:
+    """Per stable step (by ordinal) and layer: when the layer's last kernel ended, relative to
+    the step's first kernel (us). Ordinals align ranks that ran the same steps."""
+    k = a.path.filter(pl.col("layer").is_not_null())
+    start = a.path.group_by("step").agg(pl.col("start").min().alias("t0"))
+    ordinal = a.step_times.select("step").sort("step").with_row_index("ordinal")
+    return (
+        k.group_by("step", "layer").agg(pl.col("end").max().alias("end"))
+        .join(start, on="step").join(ordinal, on="step")
+        .select(pl.col("ordinal").cast(pl.Int64), "layer", ((pl.col("end") - pl.col("t0")) / 1e3).alias("finish_us"))
+    )
+
+
+def rank_skew(ranks: Sequence[Analysis]) -> pl.DataFrame:
+    if len(ranks) < 2:
+        return pl.DataFrame(schema={"ordinal": pl.Int64, "layer": pl.Int64, "last_rank": pl.Int64,
+                                    "skew_us": pl.Float64})
+    frames = [layer_finish(a).with_columns(pl.lit(i, pl.Int64).alias("rank")) for i, a in enumerate(ranks)]
+    both = pl.concat(frames)
+    common = both.group_by("ordinal", "layer").agg(pl.len().alias("n")).filter(pl.col("n") == len(ranks))
+    return (
+        both.join(common.select("ordinal", "layer"), on=["ordinal", "layer"])
+        .group_by("ordinal", "layer")
+        .agg(pl.col("rank").sort_by("finish_us").last().alias("last_rank"),
+             (pl.col("finish_us").max() - pl.col("finish_us").min()).alias("skew_us"))
+        .sort("ordinal", "layer")
+    )
+
+
+def skew_summary(skew: pl.DataFrame) -> dict:
+    if skew.is_empty():
+        return {"median_us": None, "p90_us": None, "last_rank_counts": {}}
+    counts = skew.group_by("last_rank").len().sort("last_rank")
+    return {
+        "median_us": float(skew["skew_us"].median()),
+        "p90_us": float(skew["skew_us"].quantile(0.9)),
+        "last_rank_counts": {str(r): int(n) for r, n in counts.iter_rows()},
+    }
+
+
+def all_reduce_exposure(ranks: Sequence[Analysis]) -> pl.DataFrame:
+    """Per rank: all-reduce kernels per step, their busy and exposed time (median over
+    stable steps). Zero where the all-reduces are placeholders without kernels."""
+    rows = []
+    for i, a in enumerate(ranks):
+        ar = a.kernel_table.filter(pl.col("name").str.contains(ALL_REDUCE))
+        rows.append({"rank": i, "report": a.report, "kernels_per_step": float(ar["calls_per_step"].sum()),
+                     "busy_us": float(ar["busy_per_step_us"].sum()),
+                     "exposed_us": float(ar["exposed_per_step_us"].sum())})
+    return pl.DataFrame(rows)
