@@ -10,6 +10,7 @@ exposed time of the all-reduce segments.
 from __future__ import annotations
 
 import glob
+import multiprocessing
 import os
 import resource
 from concurrent.futures import ProcessPoolExecutor
@@ -80,7 +81,10 @@ def analyze_ranks(paths: Sequence[Path], cfg: Config, *, cache_dir: Path | None 
         results = _with_dask(jobs, scheduler)
     elif engine == "local":
         count = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-        with ProcessPoolExecutor(count, initializer=_limit_memory, initargs=(memory_per_worker,)) as pool:
+        # spawn, not fork: polars' thread pool does not survive a fork of this process.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(count, mp_context=context, initializer=_limit_memory,
+                                 initargs=(memory_per_worker,)) as pool:
             results = list(pool.map(_one, jobs))
     else:
         raise ReportError(f"unknown engine {engine!r}", "use --engine local or --engine dask")
