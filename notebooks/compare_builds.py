@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -27,6 +29,7 @@ BUNDLED_NEW = ["small_delay_kda_step"]
 # %%
 from pathlib import Path
 
+import plotly.io as pio
 import polars as pl
 
 from k3trace.analyses import analyze
@@ -35,6 +38,9 @@ from k3trace.demo import bundled_trace
 from k3trace.diff import diff
 from k3trace.ingest import load_report
 from k3trace.render import figures
+
+# JupyterLab draws the plotly mimetype; an HTML export (nbconvert) needs the inline-JS form.
+pio.renderers.default = "plotly_mimetype+notebook"
 
 cfg = load_config()
 old_paths = [Path(p) for p in OLD] if OLD else [bundled_trace(n) for n in BUNDLED_OLD]

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -26,6 +28,7 @@ BUNDLED = "small_inside_a"
 # %%
 from pathlib import Path
 
+import plotly.io as pio
 import polars as pl
 
 from k3trace.analyses import analyze
@@ -33,6 +36,9 @@ from k3trace.config import load_config
 from k3trace.demo import bundled_trace
 from k3trace.ingest import load_report
 from k3trace.render import figures
+
+# JupyterLab draws the plotly mimetype; an HTML export (nbconvert) needs the inline-JS form.
+pio.renderers.default = "plotly_mimetype+notebook"
 
 path = Path(REPORT) if REPORT else bundled_trace(BUNDLED)
 a = analyze(load_report(path), load_config())

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -27,6 +29,8 @@ FULL_DEPTH = {"kda": 69, "mla": 24, "moe": 92}
 # %%
 from pathlib import Path
 
+import plotly.io as pio
+
 from k3trace.analyses import analyze
 from k3trace.config import load_config
 from k3trace.demo import bundled_trace
@@ -34,6 +38,9 @@ from k3trace.diff import diff
 from k3trace.diff import tables
 from k3trace.ingest import load_report
 from k3trace.render import figures
+
+# JupyterLab draws the plotly mimetype; an HTML export (nbconvert) needs the inline-JS form.
+pio.renderers.default = "plotly_mimetype+notebook"
 
 cfg = load_config()
 BUNDLED = {"baseline": "k3_bs1_base_a", "baseline_repeat": "k3_bs1_base_b", "mla_epilogue_split": "k3_bs1_mla_split",

@@ -65,7 +65,7 @@ def test_folder_that_is_not_a_parquetdir(tmp_path):
     folder = tmp_path / "x"
     folder.mkdir()
     (folder / "a.parquet").write_bytes(b"")
-    assert_bad_input(folder, says="not an nsys parquetdir export")
+    assert_bad_input(folder, says="no reports found")
 
 
 def test_truncated_sqlite(trace_sqlite, tmp_path):

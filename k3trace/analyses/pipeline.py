@@ -3,6 +3,7 @@ analyze_report(): the same from a path, with the result cached beside the trace 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -21,6 +22,17 @@ from k3trace.model.stable import classify_steps
 from k3trace.model.steps import assign_steps
 
 
+@functools.cache
+def _code_version() -> str:
+    """k3trace's version and a digest of its sources: any change to the analysis code
+    invalidates cached results (a development checkout changes without a version bump)."""
+    root = Path(k3trace.__file__).parent
+    digest = hashlib.sha256(k3trace.__version__.encode())
+    for source in sorted(root.rglob("*.py")) + [root / "defaults.toml"]:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None = None, tools: Tools = Tools(),
                    progress: Progress = lambda _: None) -> Analysis:
     """`analyze(load_report(path))`, reusing a cached result for the same report, config and
@@ -28,7 +40,7 @@ def analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None = None, to
     path = Path(path)
     if cache_dir is None or not path.exists():
         return analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress), cfg)
-    ident = f"{report_key(path)}|{cfg!r}|{k3trace.__version__}|{store.FORMAT}"
+    ident = f"{report_key(path)}|{cfg!r}|{_code_version()}|{store.FORMAT}"
     folder = cache_dir / "analyses" / hashlib.sha256(ident.encode()).hexdigest()[:24]
     cached = store.load(folder)
     if cached is not None:

@@ -52,12 +52,19 @@ def build(path: pl.DataFrame) -> StepGraph:
         (pl.col("end") - pl.col("start")).alias("duration"),
         (pl.col("start") - pl.col("release")).alias("lag"),
     )
-    medians = timed.group_by("launch_rank").agg(
-        pl.col("duration").median().alias("median_duration"), pl.col("lag").median().alias("median_lag")
-    )
+    durations = timed.group_by("launch_rank").agg(pl.col("duration").median().alias("median_duration"))
+    # A gap's median only over steps where the same edge released the kernel: a launch
+    # edge's lag (the time since the CPU enqueued the graph) mixed with a stream edge's
+    # (a few ns) would release the kernel milliseconds early in the replay.
+    lags = timed.group_by("launch_rank", "binding").agg(pl.col("lag").median().alias("median_lag"))
     rep = (
         timed.filter(pl.col("step") == rep_step)
-        .join(medians, on="launch_rank", how="left")
+        .join(durations, on="launch_rank", how="left")
+        .join(lags, on=["launch_rank", "binding"], how="left")
+        # A launch edge keeps this step's own gap: how long the graph sat in the queue varies
+        # from step to step, and the replay must start its roots where this step did.
+        .with_columns(pl.when(pl.col("binding") == LAUNCH).then(pl.col("lag"))
+                      .otherwise(pl.coalesce("median_lag", "lag")).alias("median_lag"))
         .sort("start", "end")
         .with_row_index("idx")
     )

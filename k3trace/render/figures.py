@@ -46,7 +46,14 @@ def attribution_waterfall(rows: pl.DataFrame, title: str) -> go.Figure:
         text=[f"{v:+.2f}" if k == "relative" else f"{v:.1f}" for v, k in zip(rows["value_us"], rows["kind"])],
         textposition="outside",
     ))
-    fig.update_layout(title=title, yaxis_title="step span (us)", showlegend=False, height=520)
+    # Zoom the axis onto the span range the bars move through: from 0 the deltas vanish.
+    levels, level = [], 0.0
+    for value, kind in zip(rows["value_us"].to_list(), rows["kind"].to_list()):
+        level = level + value if kind == "relative" else value
+        levels.append(level)
+    pad = max(max(levels) - min(levels), 1.0) * 0.3
+    fig.update_layout(title=title, yaxis_title="step span (us)", showlegend=False, height=520,
+                      yaxis_range=[min(levels) - pad, max(levels) + pad])
     return fig
 
 
