@@ -16,20 +16,11 @@ import triton
 import triton.language as tl
 
 import k3names
+from kernels.k3.ops.common import spin as _spin  # spins before the trigger (see there)
 from kernels.streams import Streams, fork, join, nvtx_range, on
 
 # The Triton interpreter (CPU tests) has no griddepcontrol; on a GPU every kernel uses it.
 PDL = os.environ.get("TRITON_INTERPRET") != "1"
-
-
-@triton.jit
-def _spin(DELAY_NS: tl.constexpr):
-    # Injected-delay variant: hold every program DELAY_NS longer, after its last store and
-    # before its PDL trigger (work after the trigger is reported as the dependent's time).
-    if DELAY_NS > 0:
-        t0 = tl.extra.cuda.globaltimer()
-        while tl.extra.cuda.globaltimer() - t0 < DELAY_NS:
-            pass
 
 
 @triton.jit

@@ -50,3 +50,20 @@ def samples_dir() -> Path:
 @pytest.fixture
 def cache_dir(tmp_path) -> Path:
     return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def analysis(trace_sqlite):
+    """Function name -> the Analysis of a bundled recording (computed once per session)."""
+    from k3trace.analyses import analyze
+    from k3trace.config import load_config
+    from k3trace.ingest import load_report
+
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            made[name] = analyze(load_report(trace_sqlite(name)), load_config())
+        return made[name]
+
+    return get

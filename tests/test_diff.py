@@ -5,24 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from k3trace.analyses import analyze
-from k3trace.config import load_config
 from k3trace.diff import diff
 from k3trace.diff.noise import FASTER, SLOWER, WITHIN_NOISE
-
-
-@pytest.fixture(scope="module")
-def analysis(trace_sqlite):
-    from k3trace.ingest import load_report
-
-    made = {}
-
-    def get(name):
-        if name not in made:
-            made[name] = analyze(load_report(trace_sqlite(name)), load_config())
-        return made[name]
-
-    return get
 
 
 def test_injected_delay_is_attributed_to_the_named_kernel(analysis):

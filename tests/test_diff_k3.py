@@ -6,23 +6,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from k3trace.analyses import analyze
-from k3trace.config import load_config
 from k3trace.diff import diff
 from k3trace.diff.noise import FASTER, SLOWER, WITHIN_NOISE
-from k3trace.ingest import load_report
-
-
-@pytest.fixture(scope="module")
-def analysis(trace_sqlite):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            made[name] = analyze(load_report(trace_sqlite(name)), load_config())
-        return made[name]
-
-    return get
 
 
 def mean_us(a, kernel):
