@@ -41,7 +41,7 @@ def test_analyze_terminal(trace_sqlite, cache_dir):
     result = invoke("analyze", str(trace_sqlite("small_before")), "--cache-dir", str(cache_dir))
     assert result.exit_code == 0
     for text in ("decode steps", "families", "kda", "mla", "moe", "attn_res", "pre-attention window", "PDL edges",
-                 "capture complete"):
+                 "critical path:", "capture complete"):
         assert text in result.stdout
 
 

@@ -39,11 +39,13 @@ def steps_panel(a: Analysis) -> RenderableType:
 def family_table(a: Analysis) -> RenderableType:
     t = Table(title="families (median over stable steps)")
     for col, just in (("family", "left"), ("segments/step", "right"), ("device busy us", "right"),
-                      ("2-stream residency us", "right"), ("share of busy", "right"), ("exposed us", "right")):
+                      ("2-stream residency us", "right"), ("share of busy", "right"), ("exposed us", "right"),
+                      ("critical us", "right")):
         t.add_column(col, justify=just)
     for r in a.families.iter_rows(named=True):
         t.add_row(r["family"], f"{r['segments_per_step']:g}", _us(r["device_busy_us"]),
-                  _us(r["two_stream_residency_us"]), _share(r["share_of_busy"]), _us(r["exposed_us"]))
+                  _us(r["two_stream_residency_us"]), _share(r["share_of_busy"]), _us(r["exposed_us"]),
+                  _us(r["critical_us"]))
     return t
 
 
@@ -69,6 +71,9 @@ def details(a: Analysis) -> RenderableType:
     p = a.pdl_summary
     lines.append(f"PDL edges: {p['edges_per_step']:g} per step; other same-stream gaps: {p['gaps_per_step']:g} "
                  f"per step, {p['gap_us_per_step']:.1f} us summed over streams")
+    c = a.critical_summary()
+    lines.append(f"critical path: {c['kernels_on_path_median']:g} kernels per step, {c['bubbles_median']:g} bubbles "
+                 f"({c['bubble_us_median']:.1f} us), {c['pdl_edges_on_path_median']:g} PDL edges on it")
     lines.append("labels: " + ", ".join(f"{s} {n}" for s, n in a.label_sources.items()))
     lines.extend(f"note: {n}" for n in a.notes)
     return Text("\n".join(lines))
