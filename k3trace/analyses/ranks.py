@@ -37,10 +37,14 @@ class RankSet:
     skew: pl.DataFrame                   # per (step ordinal, layer): finish per rank, last rank, skew
     all_reduce: pl.DataFrame             # per rank: all-reduce kernels' busy and exposed time per step
 
+    @property
+    def skew_summary(self) -> dict:
+        return skew_summary(self.skew)
+
     def to_json(self) -> dict:
         return {
             "ranks": [a.to_json() for a in self.ranks],
-            "rank_skew": skew_summary(self.skew),
+            "rank_skew": self.skew_summary,
             "all_reduce": self.all_reduce.to_dicts(),
         }
 

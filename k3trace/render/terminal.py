@@ -154,9 +154,7 @@ def render_ranks(r) -> RenderableType:
         t.add_row(str(i), a.report, str(a.stable_steps), _us(q["period"]["median"], 2), _us(q["span"]["median"], 2),
                   _us(q["busy"]["median"], 2), _us(q["residency"]["median"], 2), _us(ar[i]["exposed_us"], 2),
                   "yes" if a.completeness.ok else "NO")
-    from k3trace.analyses.ranks import skew_summary
-
-    s = skew_summary(r.skew)
+    s = r.skew_summary
     skew = ("rank skew: n/a (one rank)" if s["median_us"] is None else
             f"rank skew per step and layer (latest minus earliest layer finish): median {s['median_us']:.2f} us, "
             f"p90 {s['p90_us']:.2f} us; rank finishing a layer last: "
