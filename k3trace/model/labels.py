@@ -44,7 +44,7 @@ def _enclosing(points: pl.DataFrame, ranges: pl.DataFrame, tid: str, at: str) ->
     """
     keyed = points.filter(pl.col(at).is_not_null()).select("kernel_id", pl.col(tid).alias("tid"), pl.col(at).alias("at"))
     if keyed.is_empty() or ranges.is_empty():
-        return pl.DataFrame(schema={"kernel_id": pl.UInt32, "layer": pl.Int64, "family": pl.String})
+        return pl.DataFrame(schema={"kernel_id": points.schema["kernel_id"], "layer": pl.Int64, "family": pl.String})
     return (
         keyed.sort("at")
         .join_asof(ranges, left_on="at", right_on="range_start", by="tid", strategy="backward", check_sortedness=False)
@@ -100,13 +100,20 @@ def label_kernels(trace: Trace, assignment: StepAssignment, cfg: Config) -> pl.D
     """The step assignment's kernels with `layer`, `family`, `label_source`."""
     kernels = assignment.kernels
     ranges = layer_ranges(trace, cfg, assignment.lane[0])
-    by_launch = _enclosing(kernels, ranges, "launch_tid", "launch_start").rename(
-        {"layer": "l1", "family": "f1"})
-    by_capture = _enclosing(kernels.filter(pl.col("graph_node_id").is_not_null()), ranges,
-                            "created_tid", "created_at").rename({"layer": "l2", "family": "f2"})
+    # Source 1 is about eager launches; a replay's kernels share one graph launch.
+    by_launch = _enclosing(kernels.filter(pl.col("graph_node_id").is_null()), ranges, "launch_tid",
+                           "launch_start").rename({"layer": "l1", "family": "f1"})
+    # Source 2 once per graph node (every replay repeats the same nodes), then joined back.
+    nodes = (
+        kernels.filter(pl.col("graph_node_id").is_not_null())
+        .unique("graph_node_id")
+        .select(pl.col("graph_node_id").alias("kernel_id"), "created_tid", "created_at")
+    )
+    by_node = _enclosing(nodes, ranges, "created_tid", "created_at").rename(
+        {"kernel_id": "graph_node_id", "layer": "l2", "family": "f2"})
     out = (
         kernels.join(by_launch, on="kernel_id", how="left")
-        .join(by_capture, on="kernel_id", how="left")
+        .join(by_node, on="graph_node_id", how="left")
         .with_columns(
             pl.coalesce("l1", "l2").alias("layer"), pl.coalesce("f1", "f2").alias("family"),
             pl.when(pl.col("f1").is_not_null()).then(pl.lit(NVTX_SOURCE))

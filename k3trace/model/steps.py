@@ -75,11 +75,12 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
     nodes = capture_nodes(trace)
     kernels = kernels.join(nodes, on="graph_node_id", how="left").sort("kernel_id")
     ranges = step_ranges(trace, cfg, lane[0])
-    range_index = _in_ranges(kernels, ranges)
-    eager = kernels["graph_node_id"].is_null()
-    kernels = kernels.with_columns(
-        pl.when(eager).then(range_index).otherwise(None).alias("eager_step")
-    )
+    # Only eager launches sit in a step range on their own (a replay's kernels share the
+    # graph launch): look up just those, then join back.
+    eager_kernels = kernels.filter(pl.col("graph_node_id").is_null())
+    in_range = eager_kernels.select("kernel_id").with_columns(_in_ranges(eager_kernels, ranges).alias("eager_step"))
+    kernels = kernels.join(in_range, on="kernel_id", how="left").sort("kernel_id")
+    range_index = kernels["eager_step"]
 
     graph_kernels = kernels.filter(pl.col("graph_node_id").is_not_null())
     if not graph_kernels.is_empty():
