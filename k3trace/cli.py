@@ -80,6 +80,17 @@ def fail(exc: Exception) -> None:
     raise typer.Exit(1)
 
 
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """The CLI boundary: every failure becomes one line (exit 2 for bad input)."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        fail(exc)
+
+
 CacheDir = typer.Option(None, "--cache-dir", help="Where normalised traces are cached (default: XDG cache).")
 NoCache = typer.Option(False, "--no-cache", help="Neither read nor write the cache.")
 ConfigOpt = typer.Option(None, "--config", help="TOML file overriding k3trace's K3 defaults.")
@@ -145,7 +156,7 @@ def analyze_cmd(
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (engine dask)."),
 ) -> None:
     """A decode step's anatomy: steps, families, two-stream residency, exposed time, PDL."""
-    try:
+    with one_line_errors():
         from k3trace.analyses.ranks import resolve_reports
 
         env = Environment.resolve(cache_dir, no_cache)
@@ -155,10 +166,6 @@ def analyze_cmd(
                                    scheduler))
             return
         run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config), env))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the CLI boundary turns every failure into one line
-        fail(exc)
 
 
 @dataclass(frozen=True)
@@ -200,7 +207,7 @@ def diff_cmd(
     no_cache: bool = NoCache,
 ) -> None:
     """Which kernel change moved the ITL between two builds, against the noise band."""
-    try:
+    with one_line_errors():
         reports = reports or []
         if reports and (old or new):
             raise ReportError("give either OLD NEW or --old/--new, not both", "see `k3trace diff --help`")
@@ -213,10 +220,6 @@ def diff_cmd(
             raise ReportError("diff needs an old and a new build", "pass OLD NEW, or --old ... --new ...")
         run_diff(DiffOptions(tuple(old), tuple(new), json_out, html, load_config(config),
                              Environment.resolve(cache_dir, no_cache)))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        fail(exc)
 
 
 @app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -236,13 +239,13 @@ def record_cmd(
     """Record a decode loop under Nsight Systems (`-- CMD ...` profiles a serving engine)."""
     from k3trace import record
 
-    try:
+    with one_line_errors():
         env = Environment.resolve(cache_dir, False)
         external = tuple(ctx.args)
         command = external or record.workload_command(workload, batch, steps, variant, layers, capture)
         plan = record.RecordPlan(
             nsys=env.tools.nsys or "nsys", output=output, command=command, capture_range_end=capture_range_end,
-            extra_flags=record.engine_flags(command) if external else (),
+            extra_flags=record.ENGINE_FLAGS if external else (),
         )
         if dry_run:
             typer.echo(plan.shell())
@@ -252,10 +255,6 @@ def record_cmd(
         report = record.run(plan)
         err.print(f"recorded {report}", markup=False)
         run_analyze(AnalyzeOptions(report, False, load_config(None), env))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        fail(exc)
 
 
 @app.command("demo")
@@ -267,7 +266,7 @@ def demo_cmd(
     """Analyze and diff the real H200 traces bundled with k3trace."""
     from k3trace.demo import DEMO_PAIR, bundled_trace
 
-    try:
+    with one_line_errors():
         env = Environment.resolve(cache_dir, no_cache)
         old, new = (bundled_trace(name) for name in DEMO_PAIR)
         out = Console()
@@ -275,10 +274,6 @@ def demo_cmd(
         run_analyze(AnalyzeOptions(old, False, load_config(None), env))
         out.rule(f"k3trace diff {old.name} {new.name}")
         run_diff(DiffOptions((old,), (new,), False, html, load_config(None), env))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        fail(exc)
 
 
 @app.command("scrub")
@@ -289,10 +284,8 @@ def scrub_cmd(
     """Remove the environment and host data a report carries, before sharing it."""
     from k3trace.scrub import scrub
 
-    try:
+    with one_line_errors():
         summary = scrub(report, output, Environment.resolve(None, True).tools)
-    except Exception as exc:  # noqa: BLE001
-        fail(exc)
     err.print(f"wrote {output.name}: " + ", ".join(f"{k} {v}" for k, v in summary.items()), markup=False)
 
 

@@ -48,9 +48,8 @@ def workload_command(workload: str, batch: int, steps: int, variant: str, layers
     return tuple(cmd)
 
 
-def engine_flags(command: tuple[str, ...]) -> tuple[str, ...]:
-    """Serving engines fork their workers: follow them (ENGINES.md)."""
-    return ("--trace-fork-before-exec=true",)
+#: Serving engines fork their workers: follow them (ENGINES.md).
+ENGINE_FLAGS = ("--trace-fork-before-exec=true",)
 
 
 def run(plan: RecordPlan) -> Path:
