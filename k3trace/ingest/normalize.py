@@ -41,11 +41,19 @@ def _cast(frame: pl.DataFrame, table: str) -> pl.DataFrame:
 
 
 def kernels(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
+    launch = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
     raw = src.read(
         KERNEL_TABLE,
-        ["start", "end", "deviceId", "streamId", "globalPid", "correlationId", "shortName", "graphNodeId", "graphId"],
+        ["start", "end", "deviceId", "streamId", "globalPid", "correlationId", "shortName", "demangledName",
+         "graphNodeId", "graphId", *launch],
     )
-    frame = _resolve(raw, strings, "shortName", "name").rename(
+    # Signatures per distinct (name id, grid, block), resolved and hashed there, joined back.
+    keys = ["_name_id", *launch]
+    raw = raw.with_columns(pl.coalesce("demangledName", "shortName").cast(pl.Int64).alias("_name_id"))
+    distinct = _resolve(raw.select(keys).unique(), strings, "_name_id", "_full_name").select("_full_name", *keys)
+    signed = schema.with_kernel_signature(distinct).drop("_full_name")
+    frame = _resolve(raw, strings, "shortName", "name").join(signed, on=keys, how="left", nulls_equal=True)
+    frame = frame.rename(
         {"deviceId": "device_id", "streamId": "stream_id", "globalPid": "global_pid",
          "correlationId": "correlation_id", "graphNodeId": "graph_node_id", "graphId": "graph_id"}
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: One row per kernel execution (CUPTI_ACTIVITY_KIND_KERNEL).
 KERNELS = pl.Schema(
@@ -23,6 +23,7 @@ KERNELS = pl.Schema(
         "name": pl.String,           # shortName, e.g. `kda_step_kernel`
         "graph_node_id": pl.Int64,   # exec-graph node for graph replays; null when eager
         "graph_id": pl.Int64,        # nsys 2026+ only; null before
+        "signature": pl.Int64,       # kernel_signature(): demangled name + grid + block
     }
 )
 
@@ -99,6 +100,24 @@ _PID_MASK = ~((1 << 24) - 1)
 def global_pid(global_tid: pl.Expr) -> pl.Expr:
     """The globalPid of a globalTid (same encoding the kernel table's globalPid uses)."""
     return (global_tid & _PID_MASK).cast(pl.Int64)
+
+
+def with_kernel_signature(distinct: pl.DataFrame) -> pl.DataFrame:
+    """`distinct` (one row per distinct launch: full kernel name first, then grid and block
+    dimensions) plus `signature`, a stable 63-bit id of what was launched.
+
+    Short names repeat across unrelated kernels (PyTorch's elementwise kernels are all
+    `vectorized_elementwise_kernel`; GEMMs of every shape share one `nvjet_*` name), so the
+    diff aligns builds on this instead. blake2b over each row's text: the same id in every
+    process, polars version and report. Callers hash distinct rows only (a few hundred per
+    trace) and join the result back.
+    """
+    import hashlib
+
+    texts = distinct.select(pl.concat_str([pl.col(c).cast(pl.String).fill_null("") for c in distinct.columns],
+                                          separator="|")).to_series().to_list()
+    digests = [int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little") >> 1 for t in texts]
+    return distinct.with_columns(pl.Series("signature", digests, dtype=pl.Int64))
 
 
 def empty(table: str) -> pl.DataFrame:

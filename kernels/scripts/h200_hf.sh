@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Third-party decode recordings on the H200 (kernels/hf_llama.py: transformers' Llama, one module
+# changed per variant), through the device tool. Two calls while the machine stays warm, each
+# carrying .nsys (../shared/gpu/README.md):
+#   bash kernels/scripts/h200_hf.sh a;  bash kernels/scripts/h200_hf.sh b;  bash kernels/scripts/h200_hf.sh before
+# Leaves the standalone micro-benchmark, logs, compressed .qdstrm files and one Kineto trace in $OUT.
+set -u
+phase=${1:?phase a, b or before}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+N=/tmp/nx/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys
+[ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+mkdir -p /tmp/rec && rm -f /tmp/rec/*
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
+
+rec() {  # name, args... : one nsys recording of the HF decode loop
+  local name=$1; shift
+  timeout 240 $N profile -t cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
+     --capture-range=cudaProfilerApi --capture-range-end=stop -f true -o /tmp/rec/$name \
+     python3 -m kernels.hf_llama --timings-json /tmp/rec/$name.json "$@" > /tmp/rec/$name.log 2>&1
+  echo "$name rc=$? $(tail -1 /tmp/rec/$name.log | cut -c1-300)"
+}
+
+if [ $phase = a ]; then
+python3 -m kernels.hf_llama --microbench --timings-json /tmp/rec/hf_microbench.json 2>&1 | tail -1
+rec hf_base_a
+rec hf_base_b
+rec hf_norm_fused_a --variant norm_fused
+rec hf_mlp_spin --variant mlp_spin
+rec hf_mlp_side_stream_a --variant mlp_side_stream
+rec hf_side_spin --variant side_spin
+elif [ $phase = before ]; then  # graphs captured before the window, as engines do
+B="--capture before"
+rec hf_before_base_b $B
+rec hf_before_base_c $B
+rec hf_before_norm_fused_a $B --variant norm_fused
+rec hf_before_norm_fused_b $B --variant norm_fused
+rec hf_before_mlp_spin $B --variant mlp_spin
+rec hf_before_mlp_side_stream_a $B --variant mlp_side_stream
+rec hf_before_mlp_side_stream_b $B --variant mlp_side_stream
+rec hf_before_side_spin $B --variant side_spin
+else
+rec hf_base_c
+rec hf_norm_fused_b --variant norm_fused
+rec hf_mlp_side_stream_b --variant mlp_side_stream
+rec hf_before_base_a --capture before
+timeout 240 python3 -m kernels.hf_llama --steps 20 --kineto /tmp/rec/hf_base_kineto.pt.trace.json \
+  --timings-json /tmp/rec/hf_base_kineto.json > /tmp/rec/hf_base_kineto.log 2>&1; echo "kineto rc=$?"
+fi
+(cd /tmp/rec && tar cf - *.json *.log *.qdstrm 2>/dev/null) | xz -T0 -6 | split -b 15000000 -d - "$OUT/hf_$phase.tar.xz.part"
+ls -la $OUT /tmp/rec
