@@ -26,6 +26,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 err = Console(stderr=True)
 
 
+def _stdout() -> Console:
+    """Rich's console on stdout; piped, it is wide enough for kernel names (rich would use 80)."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 @dataclass(frozen=True)
 class Environment:
     """What the commands take from the machine: resolved once, passed down."""
@@ -111,7 +116,7 @@ def run_analyze(opts: AnalyzeOptions) -> None:
     if opts.json:
         sys.stdout.write(json.dumps(analysis.to_json(), indent=2) + "\n")
     else:
-        Console().print(render_analysis(analysis))
+        _stdout().print(render_analysis(analysis))
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,7 @@ def run_ranks(opts: RanksOptions) -> None:
     if opts.json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
-        Console().print(render_ranks(result))
+        _stdout().print(render_ranks(result))
 
 
 @app.command("analyze")
@@ -172,15 +177,21 @@ def analyze_cmd(
 class DiffOptions:
     old: tuple[Path, ...]
     new: tuple[Path, ...]
-    json: bool
+    format: str
     html: Path | None
+    fail_on: str | None
     config: Config
     env: Environment
 
 
+DIFF_FORMATS = ("terminal", "json", "markdown")
+FAIL_ON = ("slower",)
+
+
 def run_diff(opts: DiffOptions) -> None:
     from k3trace.diff import diff
-    from k3trace.render.terminal import render_diff
+    from k3trace.diff.noise import SLOWER
+    from k3trace.render.terminal import diff_markdown, render_diff
 
     old = [analysis_of(p, opts.config, opts.env) for p in opts.old]
     new = [analysis_of(p, opts.config, opts.env) for p in opts.new]
@@ -189,10 +200,14 @@ def run_diff(opts: DiffOptions) -> None:
         from k3trace.render.html import write_diff_page
 
         write_diff_page(result, opts.html)
-    if opts.json:
+    if opts.format == "json":
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+    elif opts.format == "markdown":
+        sys.stdout.write(diff_markdown(result))
     else:
-        Console().print(render_diff(result))
+        _stdout().print(render_diff(result))
+    if opts.fail_on == "slower" and result.verdict_itl == SLOWER:
+        raise typer.Exit(1)
 
 
 @app.command("diff")
@@ -200,7 +215,10 @@ def diff_cmd(
     reports: list[Path] = typer.Argument(None, help="OLD NEW (one report each)."),
     old: list[Path] = typer.Option(None, "--old", help="Repeated runs of the old build (instead of OLD)."),
     new: list[Path] = typer.Option(None, "--new", help="Repeated runs of the new build (instead of NEW)."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (same as --format json)."),
+    output_format: str = typer.Option("terminal", "--format", help="terminal, json or markdown (for a pull request)."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on",
+                                          help="`slower`: exit 1 when the ITL got slower beyond the noise band."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     config: Optional[Path] = ConfigOpt,
     cache_dir: Optional[Path] = CacheDir,
@@ -209,6 +227,12 @@ def diff_cmd(
     """Which kernel change moved the ITL between two builds, against the noise band."""
     with one_line_errors():
         reports = reports or []
+        if output_format not in DIFF_FORMATS:
+            raise ReportError(f"unknown --format {output_format!r}", f"use one of {', '.join(DIFF_FORMATS)}")
+        if fail_on is not None and fail_on not in FAIL_ON:
+            raise ReportError(f"unknown --fail-on {fail_on!r}", f"use one of {', '.join(FAIL_ON)}")
+        if json_out and output_format not in ("terminal", "json"):
+            raise ReportError("--json and --format markdown were both given", "pass one of them")
         if reports and (old or new):
             raise ReportError("give either OLD NEW or --old/--new, not both", "see `k3trace diff --help`")
         if reports:
@@ -218,8 +242,8 @@ def diff_cmd(
             old, new = [reports[0]], [reports[1]]
         if not old or not new:
             raise ReportError("diff needs an old and a new build", "pass OLD NEW, or --old ... --new ...")
-        run_diff(DiffOptions(tuple(old), tuple(new), json_out, html, load_config(config),
-                             Environment.resolve(cache_dir, no_cache)))
+        run_diff(DiffOptions(tuple(old), tuple(new), "json" if json_out else output_format, html, fail_on,
+                             load_config(config), Environment.resolve(cache_dir, no_cache)))
 
 
 @app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -264,16 +288,19 @@ def demo_cmd(
     no_cache: bool = NoCache,
 ) -> None:
     """Analyze and diff the real H200 traces bundled with k3trace."""
-    from k3trace.demo import DEMO_PAIR, bundled_trace
+    from k3trace.demo import DEMO_PAIR, THIRD_PARTY_PAIR, bundled_trace
 
     with one_line_errors():
         env = Environment.resolve(cache_dir, no_cache)
         old, new = (bundled_trace(name) for name in DEMO_PAIR)
-        out = Console()
+        out = _stdout()
         out.rule(f"k3trace analyze {old.name}")
         run_analyze(AnalyzeOptions(old, False, load_config(None), env))
         out.rule(f"k3trace diff {old.name} {new.name}")
-        run_diff(DiffOptions((old,), (new,), False, html, load_config(None), env))
+        run_diff(DiffOptions((old,), (new,), "terminal", html, None, load_config(None), env))
+        old, new = (bundled_trace(name) for name in THIRD_PARTY_PAIR)
+        out.rule(f"k3trace diff {old.name} {new.name} (transformers Llama: RMSNorm fused)")
+        run_diff(DiffOptions((old,), (new,), "terminal", None, None, load_config(None), env))
 
 
 @app.command("scrub")

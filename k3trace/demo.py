@@ -1,5 +1,5 @@
 """The traces bundled with k3trace (k3trace/data): scrubbed SQLite exports recorded on an
-H200 from kernels/, xz-compressed. `k3trace demo` analyses and diffs one pair of them."""
+H200 from kernels/, xz-compressed. `k3trace demo` analyses one and diffs two pairs of them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from k3trace.errors import ReportError
 #: The K3 decode path (8 layers, B=1) with every attention launch on the main stream, and
 #: the same with the aux-stream forks on (seed 001's change).
 DEMO_PAIR = ("k3_bs1_no_attn_forks", "k3_bs1_base_a")
+#: Code nobody here wrote: transformers' Llama (8 layers, bs1, one CUDA graph) with its
+#: eight-kernel RMSNorm replaced by torch's fused rms_norm (kernels/hf_llama.py).
+THIRD_PARTY_PAIR = ("hf_base_a", "hf_norm_fused_a")
 
 
 def bundled_trace(name: str) -> Path:

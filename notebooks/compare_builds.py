@@ -17,14 +17,15 @@
 # # Compare two builds
 #
 # Which kernel change moved the ITL, and by how much? Each side is one report or several
-# repeated runs of one build. The attribution replays the old step's dependency graph with
-# one change at a time (docs/metrics.md, "Diff").
+# repeated runs of one build. The attribution splits the step's change into edits (fusions,
+# splits, swaps, duration, dependency and gap changes) by their Shapley values on the
+# replayed union of both builds' step graphs (docs/metrics.md, "Diff").
 
 # %% tags=["parameters"]
 OLD = None  # list of report paths for the old build; None: bundled traces
 NEW = None
-BUNDLED_OLD = ["small_inside_a", "small_inside_b"]
-BUNDLED_NEW = ["small_delay_kda_step"]
+BUNDLED_OLD = ["hf_base_a", "hf_base_b"]   # transformers' Llama, one CUDA graph
+BUNDLED_NEW = ["hf_norm_fused_a"]          # its RMSNorm fused
 
 # %%
 from pathlib import Path
@@ -61,8 +62,9 @@ figures.attribution_waterfall(d.waterfall(), "step span: counterfactual attribut
 d.attribution.head(20)
 
 # %%
-{"sum of single changes": float(d.attribution["delta_us_per_step"].sum()), "interaction": d.interaction_us,
- "all changes replayed": d.modelled_us, "measured span delta": d.span_delta_us, "residual": d.residual_us}
+{"all edits replayed (= sum of contributions)": d.modelled_us, "mean step delta": d.mean_span_delta_us,
+ "residual": d.residual_us, "median step delta": d.span_delta_us, "median vs mean": d.skew_us,
+ "explained": d.explained, "caveats": d.caveats()}
 
 # %% [markdown]
 # ## Matched kernels: what was added or removed, per segment

@@ -51,7 +51,7 @@ def test_diff_json_and_html(trace_sqlite, cache_dir, tmp_path):
                     "--json", "--html", str(page), "--cache-dir", str(cache_dir))
     assert result.exit_code == 0
     j = json.loads(result.stdout)
-    assert j["verdict"] == "slower" and j["attribution"][0]["kernel"] == "kda_step_kernel"
+    assert j["verdict"] == "slower" and j["attribution"][0]["edit"] == "kda_step_kernel"
     html = page.read_text()
     assert html.count("plotly-graph-div") >= 4
     assert not re.search(r"<script[^>]+src=", html)  # self-contained: plotly.js is inlined
@@ -63,6 +63,19 @@ def test_diff_with_repeated_runs(trace_sqlite, cache_dir):
             "--new", str(trace_sqlite("small_inside_c")), "--json", "--cache-dir", str(cache_dir)]
     j = json.loads(invoke(*args).stdout)
     assert j["noise_source"] == "repeats" and j["verdict"] == "within_noise"
+
+
+def test_diff_fail_on_slower_and_markdown(trace_sqlite, cache_dir):
+    base, slow = str(trace_sqlite("small_inside_a")), str(trace_sqlite("small_delay_kda_step"))
+    cache = ["--cache-dir", str(cache_dir)]
+    assert invoke("diff", base, slow, "--fail-on", "slower", *cache).exit_code == 1
+    assert invoke("diff", slow, base, "--fail-on", "slower", *cache).exit_code == 0
+    assert invoke("diff", base, str(trace_sqlite("small_inside_b")), "--fail-on", "slower", *cache).exit_code == 0
+    md = invoke("diff", base, slow, "--format", "markdown", *cache)
+    assert md.exit_code == 0 and "| edit | kind | family | layers | us/step | share |" in md.stdout
+    for bad in (["--format", "yaml"], ["--fail-on", "faster"]):
+        result = invoke("diff", base, slow, *bad, *cache)
+        assert result.exit_code == 2
 
 
 def test_record_dry_run_prints_the_nsys_command():
@@ -84,3 +97,4 @@ def test_demo_runs_on_bundled_traces(cache_dir):
     assert result.exit_code == 0
     assert "k3trace analyze" in result.stdout and "k3trace diff" in result.stdout
     assert "FASTER" in result.stdout and "gemv_kernel" in result.stdout
+    assert "vectorized_layer_norm_kernel" in result.stdout  # the third-party fusion pair

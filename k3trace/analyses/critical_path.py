@@ -25,7 +25,8 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     launch_release (ns), release (ns), binding (stream|join|launch), pdl (bool).
     """
     k = kernels.select(
-        "kernel_id", "step", "stream_id", "start", "end", "launch_start", "name", "family", "layer", "launch_rank"
+        "kernel_id", "step", "stream_id", "start", "end", "launch_start", "name", "signature", "family", "layer",
+        "launch_rank",
     ).sort("step", "start", "end")
     # Same stream: the previous kernel on the stream within the step.
     by_stream = k.sort("step", "stream_id", "start")

@@ -1,11 +1,19 @@
 """A step's dependency graph, replayable: the edges of the critical-path walk (same-stream
 order, cross-stream joins, CPU launches, PDL) over one representative stable step, with
-each kernel's median duration and each binding edge's median lag over stable steps.
+each kernel's mean duration and each binding edge's mean lag over stable steps.
 
 Replaying it answers "what would the span be if this kernel took d instead": the basis of
 the diff's counterfactual attribution and of each kernel's slack. A binding edge keeps the
-gap measured on it (launch latency, event wait, PDL's 1 ns or overlap); a non-binding edge
-gets no lag, so a predecessor that grows moves a kernel only once it exceeds its slack.
+mean gap measured on it (launch latency, event wait, PDL's 1 ns or overlap); a non-binding
+edge at most its mean slack, so a predecessor that grows moves a kernel only once it
+exceeds that slack.
+
+Means, not medians: a chain's span is the sum of its kernels, and the mean of a sum is the
+sum of the means. Kernel durations are right-skewed, so medians replayed the K3 step ~10 us
+(0.9%) short of its median span on every bundled recording. Lags are calibrated on mean
+start and end times (a gap averaged only over the steps where its edge bound counted the
+waits of both edges, ~1 us too long on the small workload), so the replay reproduces every
+kernel's mean start.
 """
 
 from __future__ import annotations
@@ -17,19 +25,16 @@ import polars as pl
 
 from k3trace.analyses.critical_path import JOIN, LAUNCH, STREAM
 
-#: Edge slots per node: the stream predecessor and the cross-stream join; the diff uses the
-#: rest to wire in another build's edges (an added kernel in front of an old one, a matched
-#: kernel's new stream predecessor and join) without changing the graph between variants.
-STREAM_SLOT, JOIN_SLOT, EXTRA_SLOT, NEW_STREAM_SLOT, NEW_JOIN_SLOT = 0, 1, 2, 3, 4
-SLOTS = 5
-NEVER = -1e18  # lag of an edge that must never bind
+#: Edge slots per node: the stream predecessor and the cross-stream join.
+STREAM_SLOT, JOIN_SLOT = 0, 1
+SLOTS = 2
 
 
 @dataclass(frozen=True)
 class StepGraph:
     """Nodes in topological order (`order`); predecessor index -1 where absent."""
 
-    nodes: pl.DataFrame          # launch_rank, name, family, layer, stream_id, start, duration, binding, pdl
+    nodes: pl.DataFrame          # launch_rank, name, signature, family, layer, stream_id, start, duration, binding, pdl
     preds: np.ndarray            # int64 [n, SLOTS]
     lags: np.ndarray             # float64 [n, SLOTS]: gap after each predecessor (0 unless binding)
     launch_at: np.ndarray        # float64 [n]: CPU release relative to the step start (ns)
@@ -52,19 +57,14 @@ def build(path: pl.DataFrame) -> StepGraph:
         (pl.col("end") - pl.col("start")).alias("duration"),
         (pl.col("start") - pl.col("release")).alias("lag"),
     )
-    durations = timed.group_by("launch_rank").agg(pl.col("duration").median().alias("median_duration"))
-    # A gap's median only over steps where the same edge released the kernel: a launch
-    # edge's lag (the time since the CPU enqueued the graph) mixed with a stream edge's
-    # (a few ns) would release the kernel milliseconds early in the replay.
-    lags = timed.group_by("launch_rank", "binding").agg(pl.col("lag").median().alias("median_lag"))
+    means = timed.group_by("launch_rank").agg(
+        pl.col("duration").mean().alias("mean_duration"),
+        (pl.col("start") - pl.col("step_start")).mean().alias("mean_start"),
+        (pl.col("end") - pl.col("step_start")).mean().alias("mean_end"),
+    )
     rep = (
         timed.filter(pl.col("step") == rep_step)
-        .join(durations, on="launch_rank", how="left")
-        .join(lags, on=["launch_rank", "binding"], how="left")
-        # A launch edge keeps this step's own gap: how long the graph sat in the queue varies
-        # from step to step, and the replay must start its roots where this step did.
-        .with_columns(pl.when(pl.col("binding") == LAUNCH).then(pl.col("lag"))
-                      .otherwise(pl.coalesce("median_lag", "lag")).alias("median_lag"))
+        .join(means, on="launch_rank", how="left")
         .sort("start", "end")
         .with_row_index("idx")
     )
@@ -75,22 +75,38 @@ def build(path: pl.DataFrame) -> StepGraph:
 
     n = rep.height
     binding = rep["binding"].to_numpy()
-    lag = rep["median_lag"].fill_null(0).to_numpy().astype(np.float64)
     preds = np.full((n, SLOTS), -1, dtype=np.int64)
     preds[:, STREAM_SLOT] = indices("stream_pred")
     preds[:, JOIN_SLOT] = indices("join_pred")
-    lags = np.zeros((n, SLOTS))
-    lags[:, STREAM_SLOT] = np.where(binding == STREAM, lag, 0.0)
-    lags[:, JOIN_SLOT] = np.where(binding == JOIN, lag, 0.0)
+    # Nodes are in start order; a predecessor that started after the kernel cannot have
+    # released it (the cross-stream PDL probe can pick a producer's neighbour that started
+    # late and ended just after): drop such edges, so start order stays topological.
+    preds = np.where(preds < np.arange(n)[:, None], preds, -1)
+    mean_start = rep["mean_start"].to_numpy().astype(np.float64)
+    mean_end = rep["mean_end"].to_numpy().astype(np.float64)
+    # Lags calibrated on the means: the binding edge gets the mean gap to its predecessor
+    # over all stable steps, every other edge at most the slack it has on average, so the
+    # replay puts each kernel at its mean start (and the span at the mean span) while a
+    # predecessor that grows still delays what depends on it once past that slack.
+    gap = mean_start[:, None] - mean_end[np.clip(preds, 0, None)]
+    binds = np.stack([binding == STREAM, binding == JOIN], axis=1) & (preds >= 0)
+    # A kernel whose binding edge was dropped above is calibrated on its stream edge instead.
+    lost = ~binds.any(axis=1) & (binding != LAUNCH) & (preds[:, STREAM_SLOT] >= 0)
+    binds[lost, STREAM_SLOT] = True
+    lags = np.where(preds >= 0, np.where(binds, gap, np.minimum(gap, 0.0)), 0.0)
     # Missing launch records (a lost runtime row): treat the node as released at step start.
     launch_at = (rep["launch_release"] - rep["step_start"]).fill_null(0).to_numpy().astype(np.float64)
-    nodes = rep.select("launch_rank", "name", "family", "layer", "stream_id",
+    launch_at = np.where(binding == LAUNCH, mean_start, np.minimum(launch_at, mean_start))
+    # No kernel of a step starts before the step does: a graph launch the CPU enqueued 60 ms
+    # ahead releases its kernels at the step start (the previous replay's end), not then.
+    launch_at = np.maximum(launch_at, 0.0)
+    nodes = rep.select("launch_rank", "name", "signature", "family", "layer", "stream_id",
                        (pl.col("start") - pl.col("step_start")).alias("start"),
-                       pl.col("median_duration").alias("duration"), "binding", "pdl")
+                       pl.col("mean_duration").alias("duration"), "binding", "pdl")
     return StepGraph(
         nodes=nodes, preds=preds, lags=lags, launch_at=launch_at,
-        launch_lag=np.where(binding == LAUNCH, lag, 0.0),
-        duration=rep["median_duration"].to_numpy().astype(np.float64),
+        launch_lag=np.zeros(n),
+        duration=rep["mean_duration"].to_numpy().astype(np.float64),
         order=np.arange(n, dtype=np.int64),  # start order: every edge points forward in time
     )
 

@@ -1,12 +1,14 @@
 """diff(): which kernel change moved the ITL between two builds, and by how much.
 
 Each side is one report or several repeated runs of one build. Central values per side are
-the median over runs of each run's stable-step median. The span delta is attributed
-counterfactually on the old build's representative step graph (attribution.py).
+the median over runs of each run's stable-step median. The span delta is attributed to
+edits (replacements, duration, dependency and gap changes) by Shapley values over the
+replayed union of both builds' step graphs (attribution.py, edits.py).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -17,11 +19,15 @@ import polars as pl
 from k3trace.analyses import Analysis
 from k3trace.diff import noise
 from k3trace.diff.attribution import Attribution, attribute
-from k3trace.diff.matching import ADDED, REMOVED, match_nodes
+from k3trace.diff.edits import STRUCTURE
+from k3trace.diff.matching import ADDED, MATCHED, ONLY_NEW, ONLY_OLD, REMOVED, match_nodes
 
-JSON_VERSION = 1
+JSON_VERSION = 2
 FAMILY_FIELDS = ("segments_per_step", "device_busy_us", "two_stream_residency_us", "share_of_busy", "exposed_us",
                  "critical_us")
+#: The replay explains a change when it lands within this share of the measured span delta
+#: (or within the span's noise band, whichever is larger).
+EXPLAINED_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -31,30 +37,98 @@ class Diff:
     itl_delta_us: float
     span_delta_us: float
     host_delta_us: float
-    noise_band_us: float | None
+    noise_band_us: float | None     # of the ITL (step period)
+    span_noise_band_us: float | None
     noise_source: str | None        # repeats | resampling | None
-    verdict: str
-    matching: pl.DataFrame          # old_idx, new_idx, kind, layer, family, name
-    changes: pl.DataFrame           # one row per change with its replayed delta
-    attribution: pl.DataFrame       # grouped by kernel and family, sorted by |delta|
-    base_span_us: float
-    modelled_us: float
-    interaction_us: float
-    residual_us: float
+    verdict_itl: str                # faster | slower | within_noise
+    verdict_span: str
+    matching: pl.DataFrame          # old_idx, new_idx, kind, layer, family, name, run
+    attribution: pl.DataFrame       # one row per edit group, by |contribution| (see _table)
+    edits: pl.DataFrame             # elementary edits: edit, player, kind, detail, family, layer, label, kernels
+    base_span_us: float             # replayed old step
+    modelled_us: float              # replayed new step minus replayed old step (= sum of contributions)
+    mean_span_delta_us: float       # mean-span delta of the two replayed runs (what the replay models)
+    residual_us: float              # mean_span_delta_us minus modelled: what the step graph misses
+    exact: bool                     # Shapley values exact, or sampled (stderr_us per row)
+    orders: int
     families: pl.DataFrame          # family, <field>_old, <field>_new
     pre_attention: dict[str, dict[str, float | int] | None]
 
+    @property
+    def verdict(self) -> str:
+        """The ITL verdict (what a user feels per token)."""
+        return self.verdict_itl
+
+    @property
+    def skew_us(self) -> float:
+        """Measured (median) span delta minus the replayed runs' mean-span delta: a change in
+        the shape of the step-time distribution (and, with repeats, in which run is replayed),
+        not in any kernel. The replay models means, since means of kernel times add up."""
+        return self.span_delta_us - self.mean_span_delta_us
+
+    @property
+    def explained_tolerance_us(self) -> float:
+        return max(EXPLAINED_SHARE * abs(self.span_delta_us), self.span_noise_band_us or 0.0)
+
+    @property
+    def explained(self) -> bool:
+        """Whether replaying every edit reproduces the measured span delta."""
+        return abs(self.residual_us) <= self.explained_tolerance_us
+
+    @property
+    def structure(self) -> str | None:
+        """Layers present in one build only, kept out of the kernel edits."""
+        rows = self.attribution.filter(pl.col("kind") == STRUCTURE)
+        return rows["edit"][0] if rows.height else None
+
+    @property
+    def incomplete(self) -> list[str]:
+        """Reports of either side whose capture is incomplete."""
+        return [a.report for a in (*self.old, *self.new) if not a.completeness.ok]
+
+    def summary(self) -> str:
+        """The verdict in one sentence, span and host share apart."""
+        if self.verdict_span == noise.WITHIN_NOISE and self.verdict_itl != noise.WITHIN_NOISE:
+            return (f"GPU work unchanged; ITL moved by {self.itl_delta_us:+.2f} us of host/launch time "
+                    f"(span {self.span_delta_us:+.2f} us is within noise)")
+        words = {noise.FASTER: "faster", noise.SLOWER: "slower", noise.WITHIN_NOISE: "within noise"}
+        return (f"ITL {self.itl_delta_us:+.2f} us/step ({words[self.verdict_itl]}); GPU step span "
+                f"{self.span_delta_us:+.2f} us ({words[self.verdict_span]}); host share {self.host_delta_us:+.2f} us")
+
+    def caveats(self) -> list[str]:
+        """What the reader must know before trusting the verdict or the ranking."""
+        out = []
+        if self.noise_source == "resampling":
+            out.append("noise band from resampling steps within each run: it misses run-to-run drift; "
+                       "record repeats and pass --old A1 --old A2 --new B1 --new B2")
+        elif self.noise_source is None:
+            out.append("too few stable steps for a noise band")
+        if self.span_noise_band_us is not None and abs(self.skew_us) > self.span_noise_band_us:
+            out.append(f"the median step moved {self.skew_us:+.2f} us more than the mean step: the step-time "
+                       f"distribution changed shape (the edits add up to the mean's change)")
+        if not self.explained:
+            out.append(f"the step-graph replay does not explain this change: it reproduces "
+                       f"{self.modelled_us:+.2f} of {self.mean_span_delta_us:+.2f} us ({self.residual_us:+.2f} us "
+                       f"unexplained, tolerance {self.explained_tolerance_us:.2f} us); the ranking is partial")
+        if self.structure:
+            out.append(f"the builds differ in structure ({self.structure}): that part is one row, not kernel edits")
+        if self.incomplete:
+            out.append("incomplete capture on " + ", ".join(self.incomplete) + ": numbers may be wrong; record again")
+        if not self.exact:
+            out.append(f"contributions sampled over {self.orders} orders of applying the edits (stderr per row)")
+        return out
+
     def waterfall(self, top: int = 12) -> pl.DataFrame:
-        """Old span -> top contributions -> the rest -> interaction -> residual -> new span,
-        as (label, kind, value_us) rows for a waterfall chart."""
+        """Old span -> top edits -> the rest -> residual -> new span, as (label, kind, value_us)."""
         old_span = statistics.median(a.step_stats["span"]["median"] for a in self.old)
         head = self.attribution.head(top)
-        rest = float(self.attribution["delta_us_per_step"].sum() - head["delta_us_per_step"].sum())
+        rest = float(self.attribution["contribution_us"].sum() - head["contribution_us"].sum())
         rows = [("old span", "absolute", old_span)]
-        rows += [(f"{r['kernel'][:40]} ({r['family']})", "relative", r["delta_us_per_step"])
+        rows += [(f"{r['edit'][:48]} ({r['family']})", "relative", r["contribution_us"])
                  for r in head.iter_rows(named=True)]
-        rows += [(f"{max(self.attribution.height - top, 0)} other kernels", "relative", rest),
-                 ("interaction", "relative", self.interaction_us), ("residual (not modelled)", "relative", self.residual_us),
+        rows += [(f"{max(self.attribution.height - top, 0)} other edits", "relative", rest),
+                 ("residual (not modelled)", "relative", self.residual_us),
+                 ("median vs mean step", "relative", self.skew_us),
                  ("new span", "total", old_span + self.span_delta_us)]
         return pl.DataFrame(rows, schema={"label": pl.String, "kind": pl.String, "value_us": pl.Float64}, orient="row")
 
@@ -64,18 +138,13 @@ class Diff:
         return (
             m.group_by("layer", "family")
             .agg(
-                (pl.col("kind") == "matched").sum().alias("matched"),
+                (pl.col("kind") == MATCHED).sum().alias("matched"),
                 pl.col("name").filter(pl.col("kind") == ADDED).alias("added"),
                 pl.col("name").filter(pl.col("kind") == REMOVED).alias("removed"),
             )
             .filter((pl.col("added").list.len() > 0) | (pl.col("removed").list.len() > 0))
             .sort("layer", "family", nulls_last=True)
         )
-
-    @property
-    def unexplained_us(self) -> float:
-        """Measured span delta minus the sum of single-change contributions."""
-        return self.interaction_us + self.residual_us
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,17 +155,26 @@ class Diff:
             "span_delta_us": self.span_delta_us,
             "host_delta_us": self.host_delta_us,
             "noise_band_us": self.noise_band_us,
+            "span_noise_band_us": self.span_noise_band_us,
             "noise_source": self.noise_source,
             "verdict": self.verdict,
+            "verdict_itl": self.verdict_itl,
+            "verdict_span": self.verdict_span,
+            "summary": self.summary(),
+            "caveats": self.caveats(),
             "attribution": self.attribution.select(
-                "kernel", "family", "layer_scope", "delta_us_per_step", "share", "kinds", "changes"
-            ).to_dicts(),
-            "attributed_us": float(self.attribution["delta_us_per_step"].sum()),
-            "interaction_us": self.interaction_us,
-            "modelled_us": self.modelled_us,
-            "residual_us": self.residual_us,
-            "unexplained_us": self.unexplained_us,
+                "edit", "kind", "detail", "family", "layers", "contribution_us", "stderr_us", "share", "edits",
+                "kernels").to_dicts(),
             "replayed_old_span_us": self.base_span_us,
+            "modelled_us": self.modelled_us,
+            "mean_span_delta_us": self.mean_span_delta_us,
+            "residual_us": self.residual_us,
+            "median_vs_mean_us": self.skew_us,
+            "explained": self.explained,
+            "explained_tolerance_us": self.explained_tolerance_us,
+            "shapley": {"exact": self.exact, "orders": self.orders},
+            "structure": self.structure,
+            "incomplete": self.incomplete,
             "matching": {kind: int(n) for kind, n in self.matching.group_by("kind").len().iter_rows()},
             "families": [
                 {"name": r["family"], "old": {f: r[f"{f}_old"] for f in FAMILY_FIELDS},
@@ -136,56 +214,60 @@ def _families(old: Sequence[Analysis], new: Sequence[Analysis]) -> pl.DataFrame:
     return joined.fill_null(0.0).sort("device_busy_us_old", descending=True)
 
 
-def _grouped(attr: Attribution, span_delta_ns: float) -> pl.DataFrame:
-    rows = []
-    for (name, family), group in attr.changes.group_by("name", "family", maintain_order=True):
-        delta = float(group["delta_ns"].sum())
-        kinds = {k: int(n) for k, n in group.group_by("kind").len().iter_rows()}
-        rows.append({
-            "kernel": name, "family": family, "layer_scope": layer_scope(group["layer"].to_list()),
-            "delta_us_per_step": delta / 1e3,
-            "share": delta / span_delta_ns if abs(span_delta_ns) > 0 else None,
-            "kinds": ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())), "changes": group.height,
-        })
-    schema = {"kernel": pl.String, "family": pl.String, "layer_scope": pl.String, "delta_us_per_step": pl.Float64,
-              "share": pl.Float64, "kinds": pl.String, "changes": pl.Int64}
-    frame = pl.DataFrame(rows, schema=schema)
-    return frame.sort(pl.col("delta_us_per_step").abs(), descending=True)
+def _table(attr: Attribution, span_delta_us: float) -> pl.DataFrame:
+    """One row per player: the edit's name, kind, family, layers, contribution and its share of
+    the measured span delta; sorted by |contribution|."""
+    share = (pl.col("contribution_us") / span_delta_us) if abs(span_delta_us) > 0 else pl.lit(None, pl.Float64)
+    return attr.players.select(
+        pl.col("label").alias("edit"), "kind", "detail", "family",
+        pl.col("layers").map_elements(layer_scope, return_dtype=pl.String).alias("layer_scope"), "layers",
+        (pl.col("contribution_ns") / 1e3).alias("contribution_us"), (pl.col("stderr_ns") / 1e3).alias("stderr_us"),
+        "edits", "kernels",
+    ).with_columns(share.alias("share")).sort(pl.col("contribution_us").abs(), descending=True)
 
 
-def _noise(old: Sequence[Analysis], new: Sequence[Analysis]) -> tuple[float | None, str | None]:
+def _noise(old: Sequence[Analysis], new: Sequence[Analysis], key: str) -> tuple[float | None, str | None]:
     """Zero-change spread of the repeats; never narrower than the within-run resampling
     band (two repeats can agree by chance to the nanosecond)."""
     a, b = _representative(old), _representative(new)
-    periods = [x.step_times["period"].drop_nulls().cast(pl.Float64).to_numpy() / 1e3 for x in (a, b)]
-    resampled = noise.from_resampling(periods[0], periods[1])
+    values = [x.step_times[key].drop_nulls().cast(pl.Float64).to_numpy() / 1e3 for x in (a, b)]
+    resampled = noise.from_resampling(values[0], values[1])
     if len(old) > 1 or len(new) > 1:
-        spread = noise.from_repeats([x.step_stats["period"]["median"] for x in old],
-                                    [x.step_stats["period"]["median"] for x in new])
+        spread = noise.from_repeats([x.step_stats[key]["median"] for x in old],
+                                    [x.step_stats[key]["median"] for x in new])
         return max(v for v in (spread, resampled) if v is not None), "repeats"
     return resampled, ("resampling" if resampled is not None else None)
 
 
-def diff(old: Sequence[Analysis], new: Sequence[Analysis]) -> Diff:
+def diff(old: Sequence[Analysis], new: Sequence[Analysis], *, seed: int = 0) -> Diff:
     old, new = tuple(old), tuple(new)
     itl = _median_of_runs(new, "period") - _median_of_runs(old, "period")
     span_delta = _median_of_runs(new, "span") - _median_of_runs(old, "span")
     host = _median_of_runs(new, "host") - _median_of_runs(old, "host")
-    band, source = _noise(old, new)
-    g_old, g_new = _representative(old).graph, _representative(new).graph
+    band, source = _noise(old, new, "period")
+    span_band, _ = _noise(old, new, "span")
+    rep_old, rep_new = _representative(old), _representative(new)
+    g_old, g_new = rep_old.graph, rep_new.graph
+    mean_delta = (rep_new.step_times["span"].mean() - rep_old.step_times["span"].mean()) / 1e3
     match = match_nodes(g_old, g_new)
-    attr = attribute(g_old, g_new, match)
+    attr = attribute(g_old, g_new, match, seed=seed)
+    modelled = attr.modelled_ns / 1e3
+    values = (itl, span_delta, host, modelled, attr.base_span_ns, mean_delta)
+    if not all(math.isfinite(v) for v in values):  # a bug, never a number to print
+        raise ValueError(f"diff produced a non-finite value: {values}")
     return Diff(
         old=old, new=new,
         itl_delta_us=itl, span_delta_us=span_delta, host_delta_us=host,
-        noise_band_us=band, noise_source=source, verdict=noise.verdict(itl, band),
-        matching=match, changes=attr.changes, attribution=_grouped(attr, span_delta * 1e3),
-        base_span_us=attr.base_span_ns / 1e3, modelled_us=attr.modelled_ns / 1e3,
-        interaction_us=attr.interaction_ns / 1e3, residual_us=span_delta - attr.modelled_ns / 1e3,
+        noise_band_us=band, span_noise_band_us=span_band, noise_source=source,
+        verdict_itl=noise.verdict(itl, band), verdict_span=noise.verdict(span_delta, span_band),
+        matching=match, attribution=_table(attr, span_delta), edits=attr.edits,
+        base_span_us=attr.base_span_ns / 1e3, modelled_us=modelled, mean_span_delta_us=mean_delta,
+        residual_us=mean_delta - modelled,
+        exact=attr.exact, orders=attr.orders,
         families=_families(old, new),
         pre_attention={"old": _representative(old).pre_attention_summary,
                        "new": _representative(new).pre_attention_summary},
     )
 
 
-__all__ = ["ADDED", "REMOVED", "Diff", "diff"]
+__all__ = ["ADDED", "MATCHED", "ONLY_NEW", "ONLY_OLD", "REMOVED", "Diff", "diff", "layer_scope"]

@@ -64,8 +64,12 @@ def change_table(changes: Sequence[tuple[str, Analysis, Analysis, Sequence[str],
         calls = max(int(new.kernel_table.filter(pl.col("name").is_in(list(new_kernels)))["calls_per_step"].max() or 1), 1)
         per_layer_old = _kernel_mean_us(old, old_kernels)
         per_layer_new = _kernel_mean_us(new, new_kernels)
+        names = set(old_kernels) | set(new_kernels)
+        edits = d.attribution.filter(pl.col("edit").map_elements(
+            lambda e: any(n in e for n in names), return_dtype=pl.Boolean))
         rows.append({
             "change": label, "ITL delta us": d.itl_delta_us, "noise band us": d.noise_band_us, "verdict": d.verdict,
+            "attributed to the edit us": float(edits["contribution_us"].sum()),
             "per-layer kernel us old": per_layer_old, "per-layer kernel us new": per_layer_new,
             "layers (full depth)": layers, "standalone x layers us": (per_layer_new - per_layer_old) * layers,
             "layers in trace": calls,

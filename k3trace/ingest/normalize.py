@@ -50,8 +50,9 @@ def kernels(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
     # Signatures per distinct (name id, grid, block), resolved and hashed there, joined back.
     keys = ["_name_id", *launch]
     raw = raw.with_columns(pl.coalesce("demangledName", "shortName").cast(pl.Int64).alias("_name_id"))
-    distinct = _resolve(raw.select(keys).unique(), strings, "_name_id", "_full_name").select("_full_name", *keys)
-    signed = schema.with_kernel_signature(distinct).drop("_full_name")
+    distinct = _resolve(raw.select(keys).unique(), strings, "_name_id", "_full_name")
+    signed = schema.with_kernel_signature(distinct.select("_full_name", *launch)).with_columns(
+        distinct["_name_id"]).drop("_full_name")
     frame = _resolve(raw, strings, "shortName", "name").join(signed, on=keys, how="left", nulls_equal=True)
     frame = frame.rename(
         {"deviceId": "device_id", "streamId": "stream_id", "globalPid": "global_pid",

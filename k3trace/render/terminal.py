@@ -97,30 +97,52 @@ def _signed(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:+,.{digits}f}"
 
 
+_VERDICT_STYLE = {"faster": "green", "slower": "red"}
+
+
+def _verdict(v: str) -> str:
+    return v.replace("_", " ").upper()
+
+
+def _band(value: float | None, source: str | None) -> str:
+    return "n/a" if value is None else f"+-{value:.2f} us ({source})"
+
+
 def diff_header(d) -> RenderableType:
-    band = "n/a" if d.noise_band_us is None else f"+-{d.noise_band_us:.2f} us ({d.noise_source})"
-    style = {"faster": "green", "slower": "red"}.get(d.verdict, "yellow")
     text = Text.assemble(
         "old: ", ", ".join(a.report for a in d.old), "\nnew: ", ", ".join(a.report for a in d.new), "\n",
-        ("ITL (step period) ", "bold"), f"{_signed(d.itl_delta_us)} us/step   noise band {band}   ",
-        (d.verdict.replace("_", " ").upper(), f"bold {style}"),
-        f"\nspan {_signed(d.span_delta_us)} us   host share {_signed(d.host_delta_us)} us",
+        ("ITL (step period) ", "bold"), f"{_signed(d.itl_delta_us)} us/step   noise band "
+        f"{_band(d.noise_band_us, d.noise_source)}   ",
+        (_verdict(d.verdict_itl), f"bold {_VERDICT_STYLE.get(d.verdict_itl, 'yellow')}"),
+        ("\nGPU step span ", "bold"), f"{_signed(d.span_delta_us)} us   noise band "
+        f"{_band(d.span_noise_band_us, d.noise_source)}   ",
+        (_verdict(d.verdict_span), f"bold {_VERDICT_STYLE.get(d.verdict_span, 'yellow')}"),
+        f"\nhost share {_signed(d.host_delta_us)} us",
     )
+    if d.verdict_span != d.verdict_itl:
+        text.append(f"\n{d.summary()}", style="bold")
+    for c in d.caveats():
+        text.append(f"\nnote: {c}", style="yellow")
     return Panel(text, title="k3trace diff", expand=False)
 
 
 def attribution_table(d, top: int = 15) -> RenderableType:
-    t = Table(title=f"what moved the step span (counterfactual replay; top {top})")
-    for col, just in (("kernel", "left"), ("family", "left"), ("layers", "left"), ("us/step", "right"),
-                      ("share", "right"), ("changes", "left")):
-        t.add_column(col, justify=just, overflow="ellipsis", max_width=44 if col == "kernel" else None)
+    partial = "" if d.explained else " -- PARTIAL: the replay does not explain the measured change"
+    t = Table(title=f"what moved the step span: edits, Shapley contributions on the replayed step graph "
+                    f"(top {top}){partial}")
+    for col, just in (("edit", "left"), ("kind", "left"), ("family", "left"), ("layers", "left"),
+                      ("us/step", "right"), ("+-", "right"), ("share", "right")):
+        t.add_column(col, justify=just, overflow="fold" if col == "edit" else "ellipsis",
+                     max_width=60 if col == "edit" else None)
     for r in d.attribution.head(top).iter_rows(named=True):
-        t.add_row(r["kernel"], r["family"], r["layer_scope"], _signed(r["delta_us_per_step"]), _share(r["share"]),
-                  r["kinds"])
-    attributed = float(d.attribution["delta_us_per_step"].sum())
-    t.caption = (f"sum of single changes {_signed(attributed)} us; interaction {_signed(d.interaction_us)} us; "
-                 f"all changes replayed {_signed(d.modelled_us)} us; measured span {_signed(d.span_delta_us)} us; "
-                 f"residual {_signed(d.residual_us)} us")
+        kind = r["kind"] + (f" ({r['detail']})" if r["detail"] and "replacement" in r["kind"] else "")
+        t.add_row(r["edit"], kind, r["family"], r["layer_scope"], _signed(r["contribution_us"]),
+                  "" if d.exact else f"{r['stderr_us']:.2f}", _share(r["share"]))
+    rest = d.attribution.tail(max(d.attribution.height - top, 0))
+    t.caption = (f"{rest.height} more edits {_signed(float(rest['contribution_us'].sum()))} us; "
+                 f"all edits replayed {_signed(d.modelled_us)} us = sum of contributions; mean step "
+                 f"{_signed(d.mean_span_delta_us)} us (residual {_signed(d.residual_us)} us); median step "
+                 f"{_signed(d.span_delta_us)} us (median vs mean {_signed(d.skew_us)} us)")
     return t
 
 
@@ -140,6 +162,36 @@ def diff_families(d) -> RenderableType:
 
 def render_diff(d) -> RenderableType:
     return Group(diff_header(d), attribution_table(d), diff_families(d))
+
+
+def diff_markdown(d, top: int = 10) -> str:
+    """The verdict and the top edits as a Markdown table, to paste into a pull request."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    band = "n/a" if d.noise_band_us is None else f"±{d.noise_band_us:.2f} us ({d.noise_source})"
+    lines = [
+        f"**k3trace diff**: {cell(d.summary())}",
+        "",
+        f"- ITL (step period): **{d.itl_delta_us:+.2f} us/step**, noise band {band}: {_verdict(d.verdict_itl)}",
+        f"- GPU step span: {d.span_delta_us:+.2f} us: {_verdict(d.verdict_span)}; host share {d.host_delta_us:+.2f} us",
+        f"- replayed: {d.modelled_us:+.2f} us of the mean step's {d.mean_span_delta_us:+.2f} us "
+        f"(residual {d.residual_us:+.2f} us; the median step moved {d.skew_us:+.2f} us more)",
+        *(f"- note: {cell(c)}" for c in d.caveats()),
+        "",
+        "| edit | kind | family | layers | us/step | share |",
+        "|---|---|---|---|---:|---:|",
+    ]
+    for r in d.attribution.head(top).iter_rows(named=True):
+        kind = r["kind"] + (f" ({r['detail']})" if r["detail"] else "")
+        lines.append(f"| {cell(r['edit'])} | {cell(kind)} | {cell(r['family'])} | {r['layer_scope']} | "
+                     f"{r['contribution_us']:+.2f} | {_share(r['share'])} |")
+    rest = d.attribution.tail(max(d.attribution.height - top, 0))
+    if rest.height:
+        lines.append(f"| {rest.height} more edits | | | | {float(rest['contribution_us'].sum()):+.2f} | |")
+    lines.append(f"| residual (not modelled) | | | | {d.residual_us:+.2f} | |")
+    lines.append(f"| median vs mean step | | | | {d.skew_us:+.2f} | |")
+    return "\n".join(lines) + "\n"
 
 
 # -- several ranks ------------------------------------------------------------------------
