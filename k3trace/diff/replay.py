@@ -37,29 +37,31 @@ def spans(script: EditScript, applied: np.ndarray) -> np.ndarray:
 def _spans(script: EditScript, applied: np.ndarray) -> np.ndarray:
     g = script.union
     v = applied.shape[0]
+    both = (g.present_old & g.present_new)[:, None]
     switched = _gather(applied, script.owner_presence)
     # Present: removed kernels until their edit applies, added ones once it does.
-    both = g.present_old[:, None] & g.present_new[:, None]
     present = np.where(both, True, np.where(g.present_old[:, None], ~switched, switched))
     use_new = np.where(both, _gather(applied, script.owner_inputs), ~g.present_old[:, None])
     dur = np.where(both & _gather(applied, script.owner_duration) | ~g.present_old[:, None],
                    g.dur_new[:, None], g.dur_old[:, None])
     dur = np.where(present, dur, 0.0)
     launch = np.where(present, np.where(use_new, g.launch_new[:, None], g.launch_old[:, None]), -np.inf)
-    lag_old = np.where(present[:, :, None], g.lags_old[:, None, :], 0.0)   # [U, V, SLOTS]
-    lag_old = np.where(use_new[:, :, None], -np.inf, lag_old)
-    lag_new = np.where(present[:, :, None], g.lags_new[:, None, :], 0.0)
-    lag_new = np.where(use_new[:, :, None], lag_new, -np.inf)
+    # Both builds' input slots side by side: [old stream, old join, new stream, new join].
+    preds = np.concatenate([g.preds_old, g.preds_new], axis=1)
+    lag = np.concatenate([g.lags_old, g.lags_new], axis=1)
+    new_side = np.array([False] * SLOTS + [True] * SLOTS)
+    active = use_new[:, :, None] == new_side[None, None, :]                    # [U, V, 2 * SLOTS]
+    lags = np.where(active, np.where(present[:, :, None], lag[:, None, :], 0.0), -np.inf)
+    lags = np.ascontiguousarray(lags.transpose(0, 2, 1))                       # [U, 2 * SLOTS, V]
     start = np.full((g.size, v), -np.inf)
     end = np.full((g.size, v), -np.inf)
-    slots = [(s, g.preds_old[:, s], lag_old) for s in range(SLOTS)] + [(s, g.preds_new[:, s], lag_new) for s in range(SLOTS)]
+    slots = [np.nonzero(row >= 0)[0] for row in preds]
 
     def relax(u: int) -> None:
+        used = slots[u]
         t = launch[u]
-        for s, preds, lags in slots:
-            p = preds[u]
-            if p >= 0:
-                t = np.maximum(t, end[p] + lags[u, :, s])
+        if used.size:
+            t = np.maximum(t, (end[preds[u, used]] + lags[u, used]).max(axis=0))
         start[u] = t
         end[u] = t + dur[u]
 

@@ -17,8 +17,9 @@ import numpy as np
 
 #: Up to this many players the values are exact (2^P evaluations).
 EXACT_MAX = 10
-#: Evaluations the sampled estimate may spend (orders x (P + 1)).
+#: Evaluations the sampled estimate may spend at most (orders x (P + 1)).
 BUDGET = 12_000
+#: Orders per sampling round (half of them the reverses of the other half).
 MIN_ORDERS = 16
 
 Value = Callable[[np.ndarray], np.ndarray]   # applied bool [V, P] -> value [V]
@@ -36,13 +37,15 @@ class ShapleyValues:
 
 
 def shapley(value: Value, players: int, *, exact_max: int = EXACT_MAX, budget: int = BUDGET,
-            seed: int = 0) -> ShapleyValues:
+            seed: int = 0, tolerance: float = 0.0) -> ShapleyValues:
+    """`tolerance`: sampling stops once every value's standard error is within it (same unit
+    as the value); 0 spends the whole budget."""
     if players == 0:
         v = value(np.zeros((1, 0), dtype=bool))
         return ShapleyValues(np.zeros(0), np.zeros(0), True, 0, 1, float(v[0]), float(v[0]))
     if players <= exact_max:
         return _exact(value, players)
-    return _sampled(value, players, budget=budget, seed=seed)
+    return _sampled(value, players, budget=budget, seed=seed, tolerance=tolerance)
 
 
 def _exact(value: Value, p: int) -> ShapleyValues:
@@ -58,24 +61,36 @@ def _exact(value: Value, p: int) -> ShapleyValues:
     return ShapleyValues(phi, np.zeros(p), True, 0, len(masks), float(v[0]), float(v[-1]))
 
 
-def _sampled(value: Value, p: int, *, budget: int, seed: int) -> ShapleyValues:
+def _sampled(value: Value, p: int, *, budget: int, seed: int, tolerance: float) -> ShapleyValues:
+    """Rounds of antithetic orders until every value's standard error is within `tolerance`
+    (or the evaluation budget is spent)."""
     rng = np.random.default_rng(seed)
-    pairs = max(MIN_ORDERS // 2, budget // (2 * (p + 1)))
-    orders = []
-    for _ in range(pairs):
-        perm = rng.permutation(p)
-        orders += [perm, perm[::-1]]
-    # Row k of an order's block: its first k players applied.
-    rank = np.empty((len(orders), p), dtype=np.int64)
-    for o, perm in enumerate(orders):
-        rank[o, perm] = np.arange(p)
-    steps = np.arange(p + 1)
-    applied = (rank[:, None, :] < steps[None, :, None]).reshape(-1, p)
-    v = value(applied).reshape(len(orders), p + 1)
-    marginal = np.diff(v, axis=1)                       # [orders, position]
-    contrib = np.take_along_axis(marginal, rank, axis=1)  # [orders, player]
-    per_pair = contrib.reshape(pairs, 2, p).mean(axis=1)
-    phi = per_pair.mean(axis=0)
-    stderr = per_pair.std(axis=0, ddof=1) / math.sqrt(pairs) if pairs > 1 else np.zeros(p)
+    per_round = max(MIN_ORDERS // 2, 1)
+    max_pairs = max(per_round, budget // (2 * (p + 1)))
+    pair_means: list[np.ndarray] = []
+    none = every = None
+    while len(pair_means) < max_pairs:
+        orders = []
+        for _ in range(min(per_round, max_pairs - len(pair_means))):
+            perm = rng.permutation(p)
+            orders += [perm, perm[::-1]]
+        rank = np.empty((len(orders), p), dtype=np.int64)   # rank[o, player]: its place in order o
+        for o, perm in enumerate(orders):
+            rank[o, perm] = np.arange(p)
+        # Row k of an order's block: its first k players applied.
+        applied = (rank[:, None, :] < np.arange(p + 1)[None, :, None]).reshape(-1, p)
+        v = value(applied).reshape(len(orders), p + 1)
+        none, every = float(v[0, 0]), float(v[0, -1])
+        contrib = np.take_along_axis(np.diff(v, axis=1), rank, axis=1)  # [orders, player]
+        pair_means += list(contrib.reshape(-1, 2, p).mean(axis=1))
+        if len(pair_means) >= 2 and _stderr(pair_means).max() <= tolerance:
+            break
+    per_pair = np.array(pair_means)
     # Every order starts from none and ends at all: the values telescope exactly.
-    return ShapleyValues(phi, stderr, False, len(orders), applied.shape[0], float(v[0, 0]), float(v[0, -1]))
+    return ShapleyValues(per_pair.mean(axis=0), _stderr(pair_means), False, 2 * len(pair_means),
+                         2 * len(pair_means) * (p + 1), none, every)
+
+
+def _stderr(pair_means: list[np.ndarray]) -> np.ndarray:
+    a = np.array(pair_means)
+    return a.std(axis=0, ddof=1) / math.sqrt(len(a)) if len(a) > 1 else np.zeros(a.shape[1])

@@ -2,10 +2,10 @@
 # Third-party decode recordings on the H200 (kernels/hf_llama.py: transformers' Llama, one module
 # changed per variant), through the device tool. Two calls while the machine stays warm, each
 # carrying .nsys (../shared/gpu/README.md):
-#   bash kernels/scripts/h200_hf.sh a;  bash kernels/scripts/h200_hf.sh b;  bash kernels/scripts/h200_hf.sh before
+#   bash kernels/scripts/h200_hf.sh a;  ... b;  ... before;  ... repeats
 # Leaves the standalone micro-benchmark, logs, compressed .qdstrm files and one Kineto trace in $OUT.
 set -u
-phase=${1:?phase a, b or before}
+phase=${1:?phase a, b, before or repeats}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 N=/tmp/nx/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys
 [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
@@ -29,6 +29,12 @@ rec hf_norm_fused_a --variant norm_fused
 rec hf_mlp_spin --variant mlp_spin
 rec hf_mlp_side_stream_a --variant mlp_side_stream
 rec hf_side_spin --variant side_spin
+elif [ $phase = repeats ]; then  # interleaved, so drift over time falls on both builds alike
+for i in 1 2; do
+  rec hf_rep_base_$i
+  rec hf_rep_norm_fused_$i --variant norm_fused
+done
+rec hf_rep_spin_1 --variant mlp_spin
 elif [ $phase = before ]; then  # graphs captured before the window, as engines do
 B="--capture before"
 rec hf_before_base_b $B

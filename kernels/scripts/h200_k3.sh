@@ -6,6 +6,8 @@
 #   test     (carry .gpu2)  install CuTe DSL + nvtx; GPU tests; step-time bench; cost of recording
 #   record   (carry .gpu2)  record the fixtures: baseline and every variant at bs1, a bs8 pair
 #   long     (carry .gpu2)  full-depth bs1 baseline and MLA-split, ~175 steps each (~400k kernels)
+#   pair     (carry .nsys)  full-depth bs1 baseline and router multipass (the diff's speed and a
+#                           full-depth split edit), ~175 steps each; needs neither CuTe DSL nor nvtx
 # Leaves logs and compressed .qdstrm files in $OUT.
 set -u
 phase=${1:?phase}
@@ -68,6 +70,12 @@ record)
   rec k3_bs8_base $L --batch 8
   rec k3_bs8_mla_split $L --batch 8 --variant mla_epilogue_split
   pack k3_fixtures ;;
+pair)
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  rec k3_full_bs1_base --steps 175
+  rec k3_full_bs1_router_multipass --steps 175 --variant router_multipass
+  pack k3_full_pair ;;
 long)
   install_dsl
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
