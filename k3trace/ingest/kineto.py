@@ -16,6 +16,8 @@ How Kineto's events map onto the nsys tables (ENGINES.md, "Kineto facts"):
   table's default domain. `gpu_user_annotation` (their projection onto a GPU stream) goes
   there too, in domain `gpu_user_annotation`, on the device's own pseudo process so that
   nothing keyed on the CPU process mistakes it for a thread range.
+- Times count from the earliest kernel, runtime/driver call or annotation in the file (as
+  nsys's count from the session start).
 - Processes and threads: nsys's global ids, `pid << 24 | tid`.
 - Graph replays and the capture's launches: `kineto_graphs`.
 """
@@ -144,6 +146,11 @@ def _ids(events: pl.DataFrame) -> pl.DataFrame:
 
 def normalise(events: pl.DataFrame, meta: dict, label: str) -> dict[str, pl.DataFrame]:
     events = _ids(events.filter(pl.col("ph") != "M"))
+    # Kineto's clock is absolute (microseconds since boot); nsys reports count from the
+    # session start. Rebase on the earliest event read, in integer ns (exact).
+    origin = events["start"].min()
+    if origin is not None:
+        events = events.with_columns(pl.col("start") - origin, pl.col("end") - origin)
     kernels = events.filter(pl.col("cat") == KERNEL, pl.col("ph") == "X")
     if kernels.is_empty():
         raise ReportError(
