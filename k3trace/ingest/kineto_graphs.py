@@ -137,10 +137,12 @@ def derive(kernels: pl.DataFrame, runtime: pl.DataFrame,
     """`kernels` with graph_node_id and graph_id set on replay kernels; the graph_nodes frame."""
     kernels = kernels.with_row_index("_row")
     replay = _replays(kernels, runtime)
-    if replay.is_empty():
-        return kernels.drop("_row").with_columns(pl.lit(None, dtype=pl.Int64).alias("graph_node_id"),
-                                    pl.lit(None, dtype=pl.Int64).alias("graph_id")), _node_frame()
     caps = captures(runtime, kernels, launch_names)
+    if replay.is_empty():  # captures without replays (a capture-only trace) still show their nodes
+        events = [_creation_events(cap, 2 * i + 1, None) for i, cap in enumerate(caps)]
+        return kernels.drop("_row").with_columns(pl.lit(None, dtype=pl.Int64).alias("graph_node_id"),
+                                                 pl.lit(None, dtype=pl.Int64).alias("graph_id")), \
+            pl.concat([_node_frame(), *events])
     used: set[int] = set()
     maps, events = [], [_node_frame()]
     for graph in sorted(set(replay["graph"].to_list())):
