@@ -27,14 +27,13 @@ import polars as pl
 
 CHUNK = 16 << 20  # bytes scanned at a time: scratch arrays stay ~10x this
 
-_QUOTE, _BACKSLASH, _OPEN, _CLOSE, _COMMA, _NEWLINE = 1, 2, 3, 4, 5, 6
+_QUOTE, _BACKSLASH, _OPEN, _CLOSE, _COMMA = 1, 2, 3, 4, 5
 _LUT = np.zeros(256, dtype=np.uint8)
 _LUT[ord('"')] = _QUOTE
 _LUT[ord("\\")] = _BACKSLASH
 _LUT[[ord("{"), ord("[")]] = _OPEN
 _LUT[[ord("}"), ord("]")]] = _CLOSE
 _LUT[ord(",")] = _COMMA
-_LUT[[ord("\n"), ord("\r")]] = _NEWLINE
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*$')
 
@@ -53,9 +52,9 @@ class Structure:
 
 
 def scan(buf: np.ndarray, depth0: int = 0) -> Structure:
-    """Brackets, commas and newlines of `buf` that lie outside strings, with the bracket
-    depth after each (`depth0` at the start). `buf` must start outside a string."""
-    cls = _LUT[buf]
+    """Brackets and commas of `buf` that lie outside strings, with the bracket depth after
+    each (`depth0` at the start). `buf` must start outside a string."""
+    cls = np.take(_LUT, buf)
     pos = np.flatnonzero(cls)
     kind = cls[pos]
     if (kind == _BACKSLASH).any():
@@ -80,7 +79,6 @@ def scan(buf: np.ndarray, depth0: int = 0) -> Structure:
 def _find_events_array(head: bytes, label: str) -> tuple[int, dict] | None:
     """(offset just after the `[` of the event array, top-level fields before it), or None
     when `head` does not reach it yet."""
-    buf = np.frombuffer(head, dtype=np.uint8)
     start = len(head) - len(head.lstrip())
     if start == len(head):
         return None
@@ -89,16 +87,23 @@ def _find_events_array(head: bytes, label: str) -> tuple[int, dict] | None:
         return start + 1, {}
     if first != b"{":
         raise JsonError(f"{label} is not JSON (it starts with {head[start:start + 12]!r})")
-    st = scan(buf)
-    opens = np.flatnonzero((st.kind == _OPEN) & (st.depth == 2) & (buf[st.pos] == ord("[")))
-    for i in opens:
-        p = int(st.pos[i])
-        if _EVENTS_KEY.search(head, max(0, p - 64), p):
-            key = head.rindex(b'"traceEvents"', 0, p)
-            return p + 1, _header_fields(head[:key])
-    if (st.depth <= 0).any():
-        raise JsonError(f"{label} is a JSON object without a `traceEvents` array")
-    return None
+    # The array usually opens within the first kilobytes: scan growing prefixes, not all of `head`.
+    window = 1 << 16
+    while True:
+        part = head[:window]
+        buf = np.frombuffer(part, dtype=np.uint8)
+        st = scan(buf)
+        opens = np.flatnonzero((st.kind == _OPEN) & (st.depth == 2) & (buf[st.pos] == ord("[")))
+        for i in opens:
+            p = int(st.pos[i])
+            if _EVENTS_KEY.search(head, max(0, p - 64), p):
+                key = head.rindex(b'"traceEvents"', 0, p)
+                return p + 1, _header_fields(head[:key])
+        if (st.depth <= 0).any():
+            raise JsonError(f"{label} is a JSON object without a `traceEvents` array")
+        if window >= len(head):
+            return None
+        window *= 8
 
 
 def _header_fields(text: bytes) -> dict:
@@ -128,44 +133,92 @@ def read_events(stream: BinaryIO, label: str, schema: pl.Schema,
     offset, meta = found
     carry = head[offset:]
     del head
-    frames: list[pl.DataFrame] = []
-    events = 0
-    done = False
-    while not done:
+    parser = _Lines(label, schema, keep)
+    # Kineto's own writer puts every event between a `  {` and a `  }` line: then the
+    # separators are found by byte search. Anything else (or a parse failure there, which a
+    # wrong cut always causes: it leaves an object open) goes through the structure scan.
+    fast = carry.lstrip(b" \t\r").startswith(b"\n  {\n") or carry.startswith(b"\n  {\n")
+    while True:
         more = stream.read(chunk)
-        buf = np.frombuffer(carry + more, dtype=np.uint8) if more else np.frombuffer(carry, dtype=np.uint8)
-        st = scan(buf)
-        closes = np.flatnonzero(st.depth < 0)
-        if len(closes):  # the array's own `]`: nothing after it is read
-            done = True
-            cut = int(closes[0])
-            st = Structure(st.pos[:cut], st.kind[:cut], st.depth[:cut])
-        elif not more:
-            raise JsonError(f"{label} is truncated: the `traceEvents` array never closes"
-                            + (f" (after {events} events)" if events else ""))
-        ends = np.flatnonzero((st.kind == _CLOSE) & (st.depth == 0))
-        if not len(ends):
-            if done:
-                break
-            carry = buf.tobytes()
-            continue
-        last = int(st.pos[ends[-1]])
-        within = st.pos <= last
-        frames.append(_parse_lines(buf, st, within, last, label, schema, keep, events))
-        events += len(ends)
-        carry = buf[last + 1:].tobytes()
-    meta = dict(meta)
-    return (pl.concat(frames, how="vertical") if frames else pl.DataFrame(schema=schema)), meta
+        data = carry + more if more else carry
+        if fast and more:
+            cut = data.rfind(_KINETO_SEPARATOR)
+            if cut < 0:
+                carry = data
+                continue
+            if parser.kineto_layout(data[: cut + 4]):
+                carry = data[cut + 6:]
+                continue
+            fast = False
+        carry, done = _scan_cut(data, final=not more, parser=parser)
+        if done:
+            break
+    return parser.frame(), dict(meta)
 
 
-def _parse_lines(buf: np.ndarray, st: Structure, within: np.ndarray, last: int, label: str,
-                 schema: pl.Schema, keep: Callable[[pl.DataFrame], pl.DataFrame], before: int) -> pl.DataFrame:
-    lines = buf[: last + 1].copy()
-    lines[st.pos[within & (st.kind == _NEWLINE)]] = 32          # newlines are whitespace in JSON
-    lines[st.pos[within & (st.kind == _COMMA) & (st.depth == 0)]] = 10  # one event per line
-    try:
-        frame = pl.read_ndjson(io.BytesIO(lines.data), schema=schema)
-    except (pl.exceptions.PolarsError, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        raise JsonError(f"{label}: event {before + 1} onwards is not valid trace JSON ({reason})") from None
-    return keep(frame)
+#: Between two events in Kineto's own layout: the `  }` line closing one, `  {` opening the next.
+_KINETO_SEPARATOR = b"\n  },\n  {\n"
+_BLANK_NEWLINES = bytes.maketrans(b"\n\r", b"  ")
+_KINETO_SEPARATOR_BLANKED = _KINETO_SEPARATOR.translate(_BLANK_NEWLINES)
+
+
+class _Lines:
+    """Turns runs of complete events into NDJSON and parses them with polars."""
+
+    def __init__(self, label: str, schema: pl.Schema, keep: Callable[[pl.DataFrame], pl.DataFrame]) -> None:
+        self.label, self.schema, self.keep = label, schema, keep
+        self.frames: list[pl.DataFrame] = []
+        self.events = 0
+
+    def kineto_layout(self, body: bytes) -> bool:
+        """Parse `body` (events in Kineto's layout, the last one closed); False when it
+        does not parse, leaving nothing behind."""
+        # Newlines become spaces (one pass), then each separator, now `   },   {  `, a line
+        # break. Should a string hold that text, the cut leaves an object open and the
+        # parse fails: the caller then scans the structure instead.
+        text = body.translate(_BLANK_NEWLINES).replace(_KINETO_SEPARATOR_BLANKED, b"}\n{")
+        try:
+            frame = pl.read_ndjson(io.BytesIO(text), schema=self.schema)
+        except (pl.exceptions.PolarsError, ValueError):
+            return False
+        self.frames.append(self.keep(frame))
+        self.events += frame.height
+        return True
+
+    def structured(self, lines: bytes | bytearray, count: int) -> None:
+        try:
+            frame = pl.read_ndjson(io.BytesIO(lines), schema=self.schema)
+        except (pl.exceptions.PolarsError, ValueError) as exc:
+            reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+            raise JsonError(f"{self.label}: event {self.events + 1} onwards is not valid trace JSON ({reason})") from None
+        self.frames.append(self.keep(frame))
+        self.events += count
+
+    def frame(self) -> pl.DataFrame:
+        return pl.concat(self.frames, how="vertical") if self.frames else pl.DataFrame(schema=self.schema)
+
+
+def _scan_cut(data: bytes, *, final: bool, parser: _Lines) -> tuple[bytes, bool]:
+    """Parse the complete events at the front of `data` (which starts between events);
+    return (the bytes left over, whether the event array closed)."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    st = scan(buf)
+    closes = np.flatnonzero(st.depth < 0)
+    done = bool(len(closes))
+    if done:  # the array's own `]`: nothing after it is read
+        cut = int(closes[0])
+        st = Structure(st.pos[:cut], st.kind[:cut], st.depth[:cut])
+    elif final:
+        raise JsonError(f"{parser.label} is truncated: the `traceEvents` array never closes"
+                        + (f" (after {parser.events} events)" if parser.events else ""))
+    ends = np.flatnonzero((st.kind == _CLOSE) & (st.depth == 0))
+    if not len(ends):
+        return data, done
+    last = int(st.pos[ends[-1]])
+    # Raw newlines are only ever whitespace in JSON: blank them, then end each event's line
+    # at the comma after it.
+    text = bytearray(data[: last + 1].translate(_BLANK_NEWLINES))
+    lines = np.frombuffer(text, dtype=np.uint8)
+    lines[st.pos[(st.pos <= last) & (st.kind == _COMMA) & (st.depth == 0)]] = 10
+    parser.structured(text, len(ends))
+    return data[last + 1:], done
