@@ -195,7 +195,9 @@ class _Lines:
         self.events += count
 
     def frame(self) -> pl.DataFrame:
-        return pl.concat(self.frames, how="vertical") if self.frames else pl.DataFrame(schema=self.schema)
+        if not self.frames:
+            return self.keep(pl.DataFrame(schema=self.schema))
+        return pl.concat(self.frames, how="vertical", rechunk=False)
 
 
 def _scan_cut(data: bytes, *, final: bool, parser: _Lines) -> tuple[bytes, bool]:

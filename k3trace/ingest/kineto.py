@@ -77,8 +77,26 @@ def _category() -> pl.Expr:
 
 
 def _keep(frame: pl.DataFrame) -> pl.DataFrame:
+    """One parsed chunk -> its complete (`X`) events of the kept categories as flat, compact
+    columns: integer ns times, the args fields needed, repeated strings categorical (a
+    long decode trace repeats a few hundred kernel names a million times)."""
+    args = pl.col("args")
+    grid, block = args.struct.field("grid"), args.struct.field("block")
     return frame.with_columns(_category().alias("cat")).filter(
-        pl.col("cat").is_in(_KEPT) | (pl.col("ph") == "M")
+        pl.col("cat").is_in(_KEPT), pl.col("ph") == "X"
+    ).select(
+        pl.col("cat").cast(pl.Categorical),
+        pl.col("name").cast(pl.Categorical),
+        pl.col("pid").cast(pl.Int64, strict=False),
+        pl.col("tid").cast(pl.Int64, strict=False),
+        _ns("ts").alias("start"),
+        (_ns("ts") + _ns("dur").fill_null(0)).alias("end"),
+        args.struct.field("correlation").alias("correlation_id"),
+        args.struct.field("device").alias("device"),
+        args.struct.field("stream").alias("stream"),
+        *(grid.list.get(i, null_on_oob=True).cast(pl.Int32).alias(f"grid{axis}") for i, axis in enumerate("XYZ")),
+        *(block.list.get(i, null_on_oob=True).cast(pl.Int32).alias(f"block{axis}") for i, axis in enumerate("XYZ")),
+        args.struct.field("kernel").cast(pl.Categorical).alias("launched"),
     )
 
 
@@ -133,38 +151,32 @@ def _ns(col: str) -> pl.Expr:
 
 
 def _ids(events: pl.DataFrame) -> pl.DataFrame:
-    pid = pl.col("pid").cast(pl.Int64, strict=False)
-    tid = pl.col("tid").cast(pl.Int64, strict=False)
     return events.with_columns(
-        _ns("ts").alias("start"),
-        (_ns("ts") + _ns("dur").fill_null(0)).alias("end"),
-        (pid * (1 << 24)).alias("global_pid"),
-        (pid * (1 << 24) + (tid % (1 << 24))).alias("global_tid"),
-        pl.col("args").struct.field("correlation").alias("correlation_id"),
+        (pl.col("pid") * (1 << 24)).alias("global_pid"),
+        (pl.col("pid") * (1 << 24) + (pl.col("tid") % (1 << 24))).alias("global_tid"),
     )
 
 
 def normalise(events: pl.DataFrame, meta: dict, label: str) -> dict[str, pl.DataFrame]:
-    events = _ids(events.filter(pl.col("ph") != "M"))
+    events = _ids(events)
     # Kineto's clock is absolute (microseconds since boot); nsys reports count from the
     # session start. Rebase on the earliest event read, in integer ns (exact).
     origin = events["start"].min()
     if origin is not None:
         events = events.with_columns(pl.col("start") - origin, pl.col("end") - origin)
-    kernels = events.filter(pl.col("cat") == KERNEL, pl.col("ph") == "X")
+    kernels = events.filter(pl.col("cat") == KERNEL)
     if kernels.is_empty():
         raise ReportError(
             f"{label} holds no GPU kernel events (a CPU-only torch.profiler trace)",
             "record with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] around GPU work",
         )
-    calls = events.filter(pl.col("cat").is_in((RUNTIME, DRIVER)), pl.col("ph") == "X")
+    calls = events.filter(pl.col("cat").is_in((RUNTIME, DRIVER)))
     runtime = calls.select(
-        "start", "end", "global_tid", "global_pid", "correlation_id", "name",
+        "start", "end", "global_tid", "global_pid", "correlation_id", pl.col("name").cast(pl.String),
         pl.lit(0, dtype=pl.Int64).alias("return_value"),   # Kineto records no return codes
     ).sort("start")
     kernel_frame = _kernels(kernels, runtime)
-    launch_names = calls.select("global_tid", "correlation_id",
-                                pl.col("args").struct.field("kernel").alias("launched"))
+    launch_names = calls.select("global_tid", "correlation_id", pl.col("launched").cast(pl.String))
     kernel_frame, graph_nodes = kineto_graphs.derive(kernel_frame, runtime, launch_names)
     return {
         "kernels": _cast(kernel_frame.drop("full_name"), "kernels").sort("start", "end"),
@@ -194,36 +206,35 @@ def short_name(full: pl.Expr) -> pl.Expr:
 
 
 def _kernels(kernels: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
-    args = pl.col("args")
     # A kernel's process is its launch call's; Kineto files the kernel under the device.
     cpu_pids = runtime.group_by("global_pid").len().sort("len", descending=True)
     fallback = int(cpu_pids["global_pid"][0]) if cpu_pids.height else 0
     launch_pid = runtime.select("correlation_id", pl.col("global_pid").alias("launch_pid")).unique(
         "correlation_id", keep="first")
-    grid, block = args.struct.field("grid"), args.struct.field("block")
+    launch = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
     frame = kernels.select(
         "start", "end",
-        pl.coalesce(args.struct.field("device"), pl.col("pid").cast(pl.Int64, strict=False)).alias("device_id"),
-        pl.coalesce(args.struct.field("stream"), pl.col("tid").cast(pl.Int64, strict=False)).alias("stream_id"),
+        pl.coalesce("device", "pid").alias("device_id"),
+        pl.coalesce("stream", "tid").alias("stream_id"),
         "correlation_id",
         pl.col("name").alias("full_name"),
-        *(grid.list.get(i, null_on_oob=True).alias(f"grid{axis}") for i, axis in enumerate("XYZ")),
-        *(block.list.get(i, null_on_oob=True).alias(f"block{axis}") for i, axis in enumerate("XYZ")),
+        *launch,
     ).join(launch_pid, on="correlation_id", how="left").with_columns(
         pl.col("launch_pid").fill_null(fallback).alias("global_pid")
     ).drop("launch_pid")
-    launch = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
     # Signatures and short names per distinct launch (a few hundred rows), joined back.
     distinct = frame.select("full_name", *launch).unique(maintain_order=True)
-    signed = schema.with_kernel_signature(distinct).with_columns(short_name(pl.col("full_name")).alias("name"))
+    signed = schema.with_kernel_signature(distinct).with_columns(
+        short_name(pl.col("full_name").cast(pl.String)).alias("name"))
     return frame.join(signed, on=["full_name", *launch], how="left", nulls_equal=True).drop(launch)
 
 
 def _annotations(events: pl.DataFrame) -> pl.DataFrame:
-    ranges = events.filter(pl.col("cat").is_in((ANNOTATION, GPU_ANNOTATION)), pl.col("ph") == "X")
+    ranges = events.filter(pl.col("cat").is_in((ANNOTATION, GPU_ANNOTATION)))
     on_gpu = pl.col("cat") == GPU_ANNOTATION
     frame = ranges.select(
-        "start", "end", pl.lit(NVTX_PUSH_POP, dtype=pl.Int32).alias("event_type"), pl.col("name").alias("text"),
+        "start", "end", pl.lit(NVTX_PUSH_POP, dtype=pl.Int32).alias("event_type"),
+        pl.col("name").cast(pl.String).alias("text"),
         pl.when(on_gpu).then(pl.lit(GPU_ANNOTATION)).otherwise(pl.lit("")).alias("domain"),
         "global_tid", "global_pid",
     )
@@ -231,8 +242,8 @@ def _annotations(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def _sync(events: pl.DataFrame) -> pl.DataFrame:
-    rows = events.filter(pl.col("cat") == SYNC, pl.col("ph") == "X").select(
-        "start", "end", "global_pid", pl.col("args").struct.field("stream").alias("stream_id"), "correlation_id",
+    rows = events.filter(pl.col("cat") == SYNC).select(
+        "start", "end", "global_pid", pl.col("stream").alias("stream_id"), "correlation_id",
         pl.lit(None, dtype=pl.Int32).alias("sync_type"),
     )
     return _cast(rows, "sync").sort("start")

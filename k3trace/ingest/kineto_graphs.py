@@ -95,8 +95,9 @@ def _replays(kernels: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
         return replay
     replay = replay.sort("start", "stream_id").with_columns(
         pl.int_range(pl.len()).over("global_pid", "correlation_id", "stream_id").alias("pos"))
+    # Names as their categorical codes: a replay's sequence stays a short string.
     per_stream = replay.group_by("global_pid", "correlation_id", "stream_id").agg(
-        pl.col("full_name").str.join("\x1f").alias("names"))
+        pl.col("full_name").cast(pl.Categorical).to_physical().cast(pl.String).str.join(",").alias("names"))
     shape = per_stream.sort("stream_id").group_by("global_pid", "correlation_id").agg(
         pl.concat_str([pl.col("stream_id").cast(pl.String), pl.col("names")], separator="\x1e").str.join("\x1d")
         .hash().alias("shape"))
@@ -117,7 +118,8 @@ def _align(rep: pl.DataFrame, launched: list[str | None]) -> list[int] | None:
     if len(launched) != rep.height:
         return None
     queues: dict[int, deque] = {}
-    for row, (stream, start, name) in enumerate(rep.select("stream_id", "start", "full_name").iter_rows()):
+    for row, (stream, start, name) in enumerate(
+            rep.select("stream_id", "start", pl.col("full_name").cast(pl.String)).iter_rows()):
         queues.setdefault(stream, deque()).append((row, start, name))
     order = [0] * rep.height
     for index, name in enumerate(launched):
