@@ -259,3 +259,37 @@ def test_public_capture_without_replay():
     assert sorted(ranges) == ["ProfilerStep#134", "capture_32_DECODE"]
     with pytest.raises(ReportError, match="no decode steps found"):
         analyze(trace, load_config())
+
+
+def test_two_stream_replays_follow_the_capture(tmp_path):
+    """A fork captured on two streams (HIP: launches name their kernels). In the replays the
+    main-stream kernel launched after the side-stream one starts first; pairing stream by
+    stream, by name, keeps every kernel on the node of its
+    own launch, in every replay, and node-creation events at the launch calls."""
+    def call(name, ts, corr, kernel=None):
+        args = {"correlation": corr, **({"kernel": kernel} if kernel else {})}
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 5, "tid": 5, "ts": ts, "dur": 0.5, "args": args}
+
+    def kernel(name, ts, corr, stream):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": 1.0,
+                "args": {"correlation": corr, "device": 0, "stream": stream}}
+
+    plan = [("void a<1>()", 1), ("void up<2>()", 2), ("void gate<3>()", 1), ("void down<4>()", 1)]
+    events = [call("hipStreamBeginCapture", 1.0, 1)]
+    events += [call("hipLaunchKernel", 2.0 + i, 10 + i, name) for i, (name, _) in enumerate(plan)]
+    events += [call("hipStreamEndCapture", 9.0, 2), call("hipGraphInstantiate", 9.5, 3)]
+    for r in range(3):
+        t0, corr = 100.0 + 50 * r, 100 + r
+        events.append(call("hipGraphLaunch", t0 - 5, corr))
+        starts = [t0, t0 + 2.3, t0 + 2.0, t0 + 10]  # `gate` starts before `up`, launched before it
+        events += [kernel(name, s, corr, stream) for (name, stream), s in zip(plan, starts)]
+    path = tmp_path / "fork.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_report(path)
+    k = trace.kernels.sort("start")
+    low = (k["graph_node_id"] % (1 << 32)).to_list()
+    by_name = dict(zip(k["name"].to_list()[:4], low[:4]))
+    assert by_name == {"a": 0, "up": 1, "gate": 2, "down": 3}
+    assert low == low[:4] * 3
+    created = trace.graph_nodes.filter(pl.col("original_graph_node_id").is_null()).sort("start")
+    assert created["start"].to_list() == [1000 * i for i in range(1, 5)]  # launch calls, rebased on the first call
