@@ -257,7 +257,9 @@ def record_cmd(
     capture: str = typer.Option("inside", "--capture", help="Graph capture inside or before the window."),
     output: Path = typer.Option(Path("k3trace-record"), "-o", "--output", help="Report path (no suffix)."),
     capture_range_end: str = typer.Option("stop", "--capture-range-end", help="stop, or repeat for engines."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the nsys command line and exit."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the command line and exit."),
+    profiler: str = typer.Option("nsys", "--profiler", help="nsys, or torch: torch.profiler (Kineto trace), "
+                                                             "for the built-in workload on machines without nsys."),
     cache_dir: Optional[Path] = CacheDir,
 ) -> None:
     """Record a decode loop under Nsight Systems (`-- CMD ...` profiles a serving engine)."""
@@ -266,7 +268,22 @@ def record_cmd(
     with one_line_errors():
         env = Environment.resolve(cache_dir, False)
         external = tuple(ctx.args)
+        if profiler not in ("nsys", "torch"):
+            raise ReportError(f"unknown profiler {profiler!r}", "pass --profiler nsys or --profiler torch")
         command = external or record.workload_command(workload, batch, steps, variant, layers, capture)
+        if profiler == "torch":
+            if external:
+                raise ReportError("--profiler torch records the built-in workload only",
+                                  "start a serving engine's own torch.profiler (docs/recording.md, "
+                                  "\"torch.profiler\") and pass its trace to `k3trace analyze`")
+            torch_plan = record.TorchRecordPlan(output=output, command=command)
+            if dry_run:
+                typer.echo(torch_plan.shell())
+                return
+            trace = record.run_torch(torch_plan)
+            err.print(f"recorded {trace}", markup=False)
+            run_analyze(AnalyzeOptions(trace, False, load_config(None), env))
+            return
         plan = record.RecordPlan(
             nsys=env.tools.nsys or "nsys", output=output, command=command, capture_range_end=capture_range_end,
             extra_flags=record.ENGINE_FLAGS if external else (),

@@ -1,5 +1,6 @@
 """`k3trace record`: run a decode loop under Nsight Systems with the flags node-level
-analysis needs, turn the capture into a report, and hand it to analyze.
+analysis needs, turn the capture into a report, and hand it to analyze; or, with
+`--profiler torch`, record the built-in workload with torch.profiler (a Kineto trace).
 
 Flags: CUDA + NVTX tracing; `--cuda-graph-trace=node` (kernel by kernel inside graph
 replays); no CPU sampling or context switches (they cost overhead and some VMs refuse
@@ -50,6 +51,40 @@ def workload_command(workload: str, batch: int, steps: int, variant: str, layers
 
 #: Serving engines fork their workers: follow them (ENGINES.md).
 ENGINE_FLAGS = ("--trace-fork-before-exec=true",)
+
+
+#: What `k3trace record --profiler torch` writes: torch.profiler's suffix, gzip-compressed.
+KINETO_SUFFIX = ".pt.trace.json.gz"
+
+
+@dataclass(frozen=True)
+class TorchRecordPlan:
+    """The built-in workload recorded by torch.profiler (CPU + CUDA activities) around the
+    same window nsys would capture: for machines without Nsight Systems."""
+
+    output: Path                      # trace path without suffix
+    command: tuple[str, ...]          # the workload command (kernels/record_loop.py)
+
+    def trace(self) -> Path:
+        return self.output.with_name(self.output.name + KINETO_SUFFIX)
+
+    def argv(self) -> list[str]:
+        return [*self.command, "--kineto", str(self.trace())]
+
+    def shell(self) -> str:
+        return shlex.join(self.argv())
+
+
+def run_torch(plan: TorchRecordPlan) -> Path:
+    """Run the workload under torch.profiler; return the Kineto trace it wrote."""
+    try:
+        done = subprocess.run(plan.argv(), check=False)
+    except OSError as exc:
+        raise ReportError(f"cannot run the workload ({exc})", "check the Python environment (torch, CUDA)") from None
+    if done.returncode != 0 or not plan.trace().exists():
+        raise ReportError(f"the workload exited with {done.returncode} and wrote no torch.profiler trace",
+                          "check that it runs on its own on a CUDA GPU (pip install -e '.[kernels]')")
+    return plan.trace()
 
 
 def run(plan: RecordPlan) -> Path:

@@ -30,14 +30,28 @@ VARIANTS = ("base", "norm_fused", "mlp_spin", "mlp_side_stream", "side_spin")
 SPIN_CYCLES = 4000  # about 2 us at the H200's 1.98 GHz
 
 
+#: Open record_function ranges: under torch.profiler (which does not record NVTX) every NVTX
+#: range is also a record_function, Kineto's `user_annotation`, so labels survive there too.
+_ANNOTATIONS: list = []
+
+
 def _nvtx_push(text: str) -> None:
     if torch.cuda.is_available():  # the CPU build has no NVTX; the eager CPU path only checks the script
         torch.cuda.nvtx.range_push(text)
+    if torch.autograd._profiler_enabled():
+        annotation = torch.profiler.record_function(text)
+        annotation.__enter__()
+        _ANNOTATIONS.append(annotation)
+    else:
+        _ANNOTATIONS.append(None)
 
 
 def _nvtx_pop() -> None:
     if torch.cuda.is_available():
         torch.cuda.nvtx.range_pop()
+    annotation = _ANNOTATIONS.pop() if _ANNOTATIONS else None
+    if annotation is not None:
+        annotation.__exit__(None, None, None)
 
 
 def build_model(args: argparse.Namespace):

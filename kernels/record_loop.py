@@ -3,7 +3,9 @@ annotated eager step and graph replays, close the range.
 
     python -m kernels.record_loop --workload small --steps 50 --capture inside
 
-`--capture before` captures the CUDA graph before the profiler window opens (how serving
+`--kineto FILE` records the same window with torch.profiler instead of nsys (layer and step
+ranges are then record_function annotations too). `--capture before` captures the CUDA graph
+before the profiler window opens (how serving
 engines run: the report then holds no capture-time NVTX); `inside` captures it after the
 window opened, so graph-node creation events carry the layer ranges.
 """
@@ -74,6 +76,27 @@ def time_replays(graph: torch.cuda.CUDAGraph, n: int) -> list[float]:
     return [events[i].elapsed_time(events[i + 1]) for i in range(n)]
 
 
+def _open_window(kineto: str):
+    """Open the recording window: nsys's capture range, or a torch.profiler session when
+    recording a Kineto trace (`--kineto FILE`; no nsys involved)."""
+    if not kineto:
+        torch.cuda.profiler.start()
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    prof.__enter__()
+    return prof
+
+
+def _close_window(prof, kineto: str) -> None:
+    if prof is None:
+        torch.cuda.profiler.stop()
+        return
+    prof.__exit__(None, None, None)
+    prof.export_chrome_trace(kineto)  # a `.gz` suffix writes it gzip-compressed
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernels.record_loop")
     p.add_argument("--workload", choices=["small", "k3-decode"], default="small")
@@ -91,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay-ns", type=int, default=0)
     p.add_argument("--time-steps", type=int, default=0, help="also time N replays outside the window")
     p.add_argument("--timings-json", default="")
+    p.add_argument("--kineto", default="", help="record with torch.profiler into this Chrome trace (.json[.gz]) "
+                                                "instead of opening an nsys capture range")
     args = p.parse_args(argv)
 
     model = build(args)
@@ -99,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.synchronize()
 
     graph = capture(model) if args.capture == "before" else None
-    torch.cuda.profiler.start()
+    window = _open_window(args.kineto)
     for _ in range(args.eager_steps):
         with nvtx_range(k3names.STEP_RANGE):
             model.step()
@@ -107,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     if graph is None:
         graph = capture(model)
     kernels = graph_kernel_count(graph)
-    torch.cuda.nvtx.mark(k3names.plan_mark(workload=args.workload, variant=args.variant,
-                                           batch=args.batch, kernels_per_step=kernels,
-                                           capture=args.capture))
+    plan = k3names.plan_mark(workload=args.workload, variant=args.variant, batch=args.batch,
+                             kernels_per_step=kernels, capture=args.capture)
+    torch.cuda.nvtx.mark(plan)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(args.steps):
@@ -117,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             graph.replay()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) / max(args.steps, 1) * 1e3
-    torch.cuda.profiler.stop()
+    _close_window(window, args.kineto)
 
     report = {"workload": args.workload, "variant": args.variant, "batch": args.batch,
               "kernels_per_step": kernels, "window_step_ms": wall}

@@ -64,8 +64,15 @@ def nvtx_range(name: str):
     if not torch.cuda.is_available():
         yield
         return
+    # torch.profiler (Kineto) does not record NVTX: under it the same range is also a
+    # record_function, which Kineto writes as a `user_annotation` on this thread.
+    annotation = torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else None
+    if annotation is not None:
+        annotation.__enter__()
     torch.cuda.nvtx.range_push(name)
     try:
         yield
     finally:
         torch.cuda.nvtx.range_pop()
+        if annotation is not None:
+            annotation.__exit__(None, None, None)

@@ -1,5 +1,5 @@
-"""Open any report form as normalised frames: .nsys-rep, .qdstrm, SQLite, parquetdir,
-or any of those files gzip/xz/bz2-compressed.
+"""Open any report form as normalised frames: .nsys-rep, .qdstrm, SQLite, parquetdir, a
+torch.profiler (Kineto) JSON trace, or any of those files gzip/xz/bz2-compressed.
 
 Nothing is ever written beside the input: conversions (nsys export, QdstrmImporter,
 decompression) happen in a private work folder, and the normalised frames are cached as
@@ -26,7 +26,7 @@ from typing import Callable
 import polars as pl
 
 from k3trace.errors import ReportError
-from k3trace.ingest import normalize, schema
+from k3trace.ingest import kineto, normalize, schema
 from k3trace.ingest.tables import ParquetDirTables, SqliteTables
 
 Progress = Callable[[str], None]
@@ -47,7 +47,7 @@ class Trace:
     gpus: pl.DataFrame
     streams: pl.DataFrame
     source: str                      # the input's file name (never a full path)
-    form: str                        # sqlite | parquetdir | nsys-rep | qdstrm (+compressed)
+    form: str                        # sqlite | parquetdir | nsys-rep | qdstrm | kineto (+compressed)
     export: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -103,6 +103,10 @@ def _work_root(cache_dir: Path | None) -> str | None:
 
 
 def _convert(path: Path, work: Path, tools: Tools, progress: Progress) -> Trace:
+    if kineto.looks_like_json(path):  # by content: Kineto traces come as .json, .json.gz, .pt.trace.json...
+        progress("reading torch.profiler trace")
+        frames, export, form = kineto.load(path)
+        return Trace(**frames, source=path.name, form=form, export=export)
     readable, form = materialise(path, work, tools, progress)
     progress("reading parquetdir" if readable.is_dir() else "reading SQLite")
     tables = ParquetDirTables(readable) if readable.is_dir() else SqliteTables(readable)
@@ -156,7 +160,8 @@ def materialise(path: Path, work: Path, tools: Tools, progress: Progress = _no_p
         return _export_sqlite(rep, work, tools, progress), "qdstrm"
     raise ReportError(
         f"{label} is not a report k3trace can read",
-        "pass an .nsys-rep, .qdstrm, SQLite export (.sqlite), or a parquetdir export folder",
+        "pass an .nsys-rep, .qdstrm, SQLite export (.sqlite), a parquetdir export folder, "
+        "or a torch.profiler trace (.json, .json.gz)",
     )
 
 

@@ -12,10 +12,11 @@ import polars as pl
 from k3trace.ingest import Trace
 
 #: Runtime/driver calls that put GPU work on a stream.
-LAUNCH_CALL = r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchKernelEx|cuLaunchCooperativeKernel|cudaGraphLaunch|cuGraphLaunch)(_v\d+|_ptsz|_ptds)*$"
-GRAPH_LAUNCH_CALL = r"^(cudaGraphLaunch|cuGraphLaunch)"
-CAPTURE_BEGIN_CALL = r"^(cudaStreamBeginCapture|cuStreamBeginCapture)"
-CAPTURE_END_CALL = r"^(cudaStreamEndCapture|cuStreamEndCapture)"
+#: (HIP's equivalents too: torch.profiler traces from ROCm name them so.)
+LAUNCH_CALL = r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchKernelEx|cuLaunchCooperativeKernel|cudaGraphLaunch|cuGraphLaunch|hipLaunchKernel|hipExtLaunchKernel|hipModuleLaunchKernel|hipExtModuleLaunchKernel|hipLaunchCooperativeKernel|hipGraphLaunch)(_v\d+|_ptsz|_ptds|_spt)*$"
+GRAPH_LAUNCH_CALL = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
+CAPTURE_BEGIN_CALL = r"^(cudaStreamBeginCapture|cuStreamBeginCapture|hipStreamBeginCapture)"
+CAPTURE_END_CALL = r"^(cudaStreamEndCapture|cuStreamEndCapture|hipStreamEndCapture)"
 
 
 def kernels_with_launch(trace: Trace) -> pl.DataFrame:

@@ -122,8 +122,9 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
 
     steps = _step_table(kernels, signature)
     if steps.is_empty():
+        replays = "a graph capture but no replay of it" if not trace.graph_nodes.is_empty() else "no graph replays"
         raise ReportError(
-            f"{trace.source}: no decode steps found (no graph replays, no NVTX ranges matching "
+            f"{trace.source}: no decode steps found ({replays}, no NVTX ranges matching "
             f"{cfg.step_nvtx_pattern!r}, no repeating kernel sequence)",
             "record a decode loop of several steps, or set [steps] nvtx_pattern in a --config file",
         )

@@ -1,0 +1,295 @@
+"""torch.profiler (Kineto) traces in: the bundled H200 fixture (kernels/hf_llama.py, 2 eager
+warm-up steps, the graph capture, 8 replays; cut by kernels/scripts/kineto_fixture.py) and
+the public SGLang/vLLM MI300X traces beside the project. Expected values come from the
+raw events read with plain gzip + json (decimals kept exact), never from k3trace itself."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import lzma
+import re
+import sqlite3
+import statistics
+from decimal import Decimal
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from k3trace.analyses import analyze
+from k3trace.config import load_config
+from k3trace.errors import ReportError
+from k3trace.ingest import load_report
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "k3trace" / "data" / "hf_base_kineto.pt.trace.json.gz"
+PUBLIC = ROOT.parent / "shared" / "samples" / "kineto-public"
+LAUNCH = re.compile(r"^(cuda|cu|hip)(Ext)?(Module)?Launch(Cooperative)?Kernel(Ex|ExC)?$")
+GPID = 1549 << 24  # the fixture's CUDA process (pid 1549), as nsys encodes it
+
+
+def raw_events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        return json.load(fh, parse_float=Decimal)["traceEvents"]
+
+
+def ns(value) -> int:
+    return int(Decimal(value) * 1000)
+
+
+def origin(events: list[dict]) -> int:
+    cats = {"kernel", "cuda_runtime", "cuda_driver", "user_annotation", "gpu_user_annotation"}
+    return min(ns(e["ts"]) for e in events if e.get("cat") in cats)
+
+
+@pytest.fixture(scope="module")
+def fixture_events():
+    return raw_events(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def fixture_trace():
+    return load_report(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def fixture_analysis(fixture_trace):
+    return analyze(fixture_trace, load_config())
+
+
+def replays(events: list[dict]) -> list[list[dict]]:
+    """Kernels of each graph replay (sharing the cudaGraphLaunch correlation), in start order."""
+    launches = sorted((e for e in events if e.get("name") in ("cudaGraphLaunch", "hipGraphLaunch")),
+                      key=lambda e: e["ts"])
+    by_corr = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "kernel":
+            by_corr[e["args"]["correlation"]].append(e)
+    return [sorted(by_corr[g["args"]["correlation"]], key=lambda e: e["ts"]) for g in launches]
+
+
+def test_kernels_runtime_and_devices(fixture_events, fixture_trace):
+    t0 = origin(fixture_events)
+    kernels = [e for e in fixture_events if e.get("cat") == "kernel"]
+    expected = sorted((ns(e["ts"]) - t0, ns(e["ts"]) - t0 + ns(e["dur"]), e["args"]["stream"], e["args"]["correlation"])
+                      for e in kernels)
+    got = sorted(fixture_trace.kernels.select("start", "end", "stream_id", "correlation_id").iter_rows())
+    assert got == expected
+    assert set(fixture_trace.kernels["device_id"]) == {0}
+    assert set(fixture_trace.kernels["global_pid"]) == {GPID}
+    calls = [e for e in fixture_events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    assert collections.Counter(fixture_trace.runtime["name"]) == collections.Counter(e["name"] for e in calls)
+    assert sorted(fixture_trace.runtime["start"]) == sorted(ns(e["ts"]) - t0 for e in calls)
+    assert set(fixture_trace.runtime["global_tid"]) == {GPID + 1549}
+    assert fixture_trace.gpus.rows() == [(0, "NVIDIA H200", 132)]
+    assert fixture_trace.form == "compressed kineto"
+    assert fixture_trace.nvtx.is_empty()  # this recording made no record_function ranges
+
+
+def test_replays_aligned_with_the_capture(fixture_events, fixture_trace):
+    t0 = origin(fixture_events)
+    runs = replays(fixture_events)
+    assert len(runs) == 8 and {len(r) for r in runs} == {429}
+    begin = next(e["ts"] for e in fixture_events if e.get("name") == "cudaStreamBeginCapture")
+    end = next(e["ts"] for e in fixture_events if e.get("name") == "cudaStreamEndCapture")
+    with_gpu = {e["args"]["correlation"] for e in fixture_events if e.get("cat") == "kernel"}
+    captured = sorted(e["ts"] for e in fixture_events if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                      and LAUNCH.match(e["name"]) and begin < e["ts"] < end and e["args"]["correlation"] not in with_gpu)
+    assert len(captured) == 429
+    k = fixture_trace.kernels
+    for run in runs:  # one stream: the i-th kernel of a replay is the node of the i-th captured launch
+        ids = k.filter(pl.col("correlation_id") == run[0]["args"]["correlation"]).sort("start")["graph_node_id"]
+        assert (ids % (1 << 32)).to_list() == list(range(429))
+        assert ids.null_count() == 0 and len(set((ids // (1 << 32)).to_list())) == 1
+    eager = k.filter(pl.col("graph_node_id").is_null()).height
+    assert eager == sum(1 for e in fixture_events if e.get("cat") == "kernel") - 8 * 429
+    created = fixture_trace.graph_nodes.filter(pl.col("original_graph_node_id").is_null()).sort("start")
+    assert created["start"].to_list() == [ns(t) - t0 for t in captured]
+    clones = fixture_trace.graph_nodes.filter(pl.col("original_graph_node_id").is_not_null())
+    assert sorted(clones["graph_node_id"] % (1 << 32)) == list(range(429))
+
+
+def test_step_anatomy(fixture_events, fixture_analysis):
+    a = fixture_analysis
+    runs = replays(fixture_events)
+    assert a.step_source == "graph" and a.steps.height == 8
+    stable = a.steps.filter(pl.col("stable"))["step"].to_list()
+    assert stable == [2, 3, 4, 5, 6, 7]  # 2 warm-up replays dropped
+    first = [ns(r[0]["ts"]) for r in runs]
+    spans = [max(ns(e["ts"]) + ns(e["dur"]) for e in r) - ns(r[0]["ts"]) for r in runs]
+    periods = [first[i + 1] - first[i] for i in stable if i + 1 < len(first)]
+    assert a.step_stats["period"]["median"] == pytest.approx(statistics.median(periods) / 1e3, abs=1e-6)
+    assert a.step_stats["span"]["median"] == pytest.approx(statistics.median(spans[i] for i in stable) / 1e3, abs=1e-6)
+    assert a.to_json()["steps"]["kernels_per_step"] == 429
+
+
+def nsys_short_names(path: Path, tmp_path: Path) -> collections.Counter:
+    """shortName of every graph-replay kernel per replay, straight from the nsys export."""
+    db = tmp_path / "nsys.sqlite"
+    with lzma.open(path) as src:
+        db.write_bytes(src.read())
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT s.value, COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s "
+                           "ON s.id = k.shortName WHERE k.graphNodeId IS NOT NULL GROUP BY s.value").fetchall()
+        launches = con.execute("SELECT COUNT(DISTINCT correlationId) FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                               "WHERE graphNodeId IS NOT NULL").fetchone()[0]
+    con.close()
+    return collections.Counter({name: n // launches for name, n in rows})
+
+
+def test_same_numbers_as_nsys(fixture_trace, fixture_analysis, tmp_path):
+    """The same decode loop recorded on the H200 under nsys (hf_base_a: 60 replays) and under
+    torch.profiler: same kernels per step, same kernel names and calls per step; durations and
+    step times close. Measured (one run each): torch.profiler's step period 1198.1 us against
+    nsys's 1220.8 us (-1.9%; two nsys runs differ by 0.06 us), span -1.9%, host share equal
+    (4.5 vs 4.6 us), kernel means -0.4% to -7% (split-K GEMM): a systematic difference, not noise."""
+    nsys_path = ROOT / "k3trace" / "data" / "hf_base_a.sqlite.xz"
+    per_replay = nsys_short_names(nsys_path, tmp_path)
+    k = fixture_trace.kernels.filter(pl.col("graph_node_id").is_not_null())
+    assert collections.Counter(dict(k.group_by("name").len().iter_rows())) == collections.Counter(
+        {name: n * 8 for name, n in per_replay.items()})
+    nsys = analyze(load_report(nsys_path), load_config())
+    ours, theirs = fixture_analysis.to_json(), nsys.to_json()
+    assert ours["steps"]["kernels_per_step"] == theirs["steps"]["kernels_per_step"] == 429
+
+    def by_name(doc):
+        out = collections.defaultdict(lambda: [0.0, 0.0])
+        for row in doc["kernels"]:  # nsys splits names by layer family; Kineto here has none
+            out[row["name"]][0] += row["calls_per_step"]
+            out[row["name"]][1] += row["busy_per_step_us"]
+        return out
+
+    mine, other = by_name(ours), by_name(theirs)
+    assert {n: v[0] for n, v in mine.items()} == {n: v[0] for n, v in other.items()}
+    for name, (calls, busy) in mine.items():
+        assert busy / calls == pytest.approx(other[name][1] / other[name][0], rel=0.10), name
+    for key in ("period", "span"):
+        assert ours["steps"][f"{key}_us"]["median"] == pytest.approx(theirs["steps"][f"{key}_us"]["median"], rel=0.03)
+    assert ours["steps"]["host_us"]["median"] == pytest.approx(theirs["steps"]["host_us"]["median"], abs=0.5)
+
+
+def test_cache_round_trip(tmp_path):
+    seen = []
+    first = load_report(FIXTURE, cache_dir=tmp_path)
+    again = load_report(FIXTURE, cache_dir=tmp_path, progress=seen.append)
+    assert "cache hit" in seen
+    for table in ("kernels", "runtime", "graph_nodes", "gpus"):
+        assert getattr(again, table).equals(getattr(first, table))
+    assert again.form == first.form and again.export == first.export
+
+
+def test_detected_by_content_not_suffix(tmp_path):
+    odd = tmp_path / "trace.sqlite"
+    with gzip.open(FIXTURE) as src:
+        odd.write_bytes(src.read())
+    trace = load_report(odd)
+    assert trace.form == "kineto" and trace.kernels.height == 876 + 8 * 429
+
+
+def test_record_function_ranges_become_nvtx(tmp_path):
+    """user_annotation ranges play NVTX's role (thread-scoped); gpu_user_annotation sits on
+    the device's own pseudo process, outside the CPU process's ranges."""
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "decode_step", "pid": 7, "tid": 8, "ts": 10.0, "dur": 5.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": 8, "ts": 11.0, "dur": 1.0,
+         "args": {"correlation": 3}},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "decode_step", "pid": 0, "tid": 9, "ts": 12.0, "dur": 1.0},
+        {"ph": "X", "cat": "kernel", "name": "void k<1>(int)", "pid": 0, "tid": 9, "ts": 12.0, "dur": 0.5,
+         "args": {"correlation": 3, "device": 0, "stream": 9, "grid": [1, 1, 1], "block": [32, 1, 1]}},
+    ]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    trace = load_report(path)
+    cpu = trace.nvtx.filter(pl.col("domain") == "")
+    assert cpu.select("start", "end", "text", "global_tid", "global_pid").rows() == [(0, 5000, "decode_step", (7 << 24) + 8, 7 << 24)]
+    gpu = trace.nvtx.filter(pl.col("domain") == "gpu_user_annotation")
+    assert gpu.select("start", "end", "global_pid").rows() == [(2000, 3000, 0)]
+    assert trace.kernels.select("name", "global_pid", "stream_id").rows() == [("k", 7 << 24, 9)]
+
+
+# -- the public MI300X traces (SGLang, vLLM; HIP graphs) -----------------------------------
+
+def public(name: str) -> Path:
+    path = PUBLIC / name
+    if not path.exists():
+        pytest.skip("../shared/samples/kineto-public is not beside the project")
+    return path
+
+
+@pytest.mark.parametrize("name", ["tracelens_vllm_decode_full_graph_mi300x.json.gz",
+                                  "tracelens_sglang_qwen3_8b_decode_mi300x.json.gz"])
+def test_public_replay(name, tmp_path):
+    """One hipGraphLaunch each: one step (the default two warm-up steps leave none stable, and
+    say so); with `warmup = 0` the step's per-kernel table, labelled by name rules."""
+    path = public(name)
+    events = raw_events(path)
+    [run] = replays(events)
+    trace = load_report(path)
+    with pytest.raises(ReportError, match="none of the 1 decode steps is stable"):
+        analyze(trace, load_config())
+    cfg = tmp_path / "w0.toml"
+    cfg.write_text("[steps]\nwarmup = 0\n")
+    a = analyze(trace, load_config(cfg)).to_json()
+    assert a["steps"]["total"] == 1 and a["steps"]["source"] == "graph"
+    assert a["steps"]["kernels_per_step"] == len(run)
+    assert sum(k["calls_per_step"] for k in a["kernels"]) == len(run)
+    total = sum(1 for e in events if e.get("cat") == "kernel")
+    sources = a["labels"]["sources"]
+    assert sources["nvtx"] == sources["graph_capture"] == 0 and sources["name_rule"] > 0
+    assert sources["name_rule"] + sources["unlabelled"] == total
+
+
+def test_public_capture_without_replay():
+    """SGLang's capture of the bs=32 decode graph: the capture's launches become node-creation
+    events (HIP launches name their kernels), but no replay means no decode step."""
+    path = public("tracelens_sglang_decode_capture_bs32_mi300x.json.gz")
+    events = raw_events(path)
+    begin = next(e["ts"] for e in events if e.get("name") == "hipStreamBeginCapture")
+    end = next(e["ts"] for e in events if e.get("name") == "hipStreamEndCapture")
+    with_gpu = {e["args"]["correlation"] for e in events if e.get("cat") == "kernel"}
+    launches = [e for e in events if e.get("cat") == "cuda_runtime" and LAUNCH.match(e["name"])
+                and begin < e["ts"] < end and e["args"]["correlation"] not in with_gpu]
+    trace = load_report(path)
+    assert trace.graph_nodes.height == len(launches) == 544
+    assert trace.kernels.height == 2 and trace.kernels["graph_node_id"].null_count() == 2
+    ranges = trace.nvtx.filter(pl.col("domain") == "")["text"].to_list()
+    assert sorted(ranges) == ["ProfilerStep#134", "capture_32_DECODE"]
+    with pytest.raises(ReportError, match="no decode steps found .a graph capture but no replay of it"):
+        analyze(trace, load_config())
+
+
+def test_two_stream_replays_follow_the_capture(tmp_path):
+    """A fork captured on two streams (HIP: launches name their kernels). In the replays the
+    main-stream kernel launched after the side-stream one starts first; pairing stream by
+    stream, by name, keeps every kernel on the node of its
+    own launch, in every replay, and node-creation events at the launch calls."""
+    def call(name, ts, corr, kernel=None):
+        args = {"correlation": corr, **({"kernel": kernel} if kernel else {})}
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 5, "tid": 5, "ts": ts, "dur": 0.5, "args": args}
+
+    def kernel(name, ts, corr, stream):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": 1.0,
+                "args": {"correlation": corr, "device": 0, "stream": stream}}
+
+    plan = [("void a<1>()", 1), ("void up<2>()", 2), ("void gate<3>()", 1), ("void down<4>()", 1)]
+    events = [call("hipStreamBeginCapture", 1.0, 1)]
+    events += [call("hipLaunchKernel", 2.0 + i, 10 + i, name) for i, (name, _) in enumerate(plan)]
+    events += [call("hipStreamEndCapture", 9.0, 2), call("hipGraphInstantiate", 9.5, 3)]
+    for r in range(3):
+        t0, corr = 100.0 + 50 * r, 100 + r
+        events.append(call("hipGraphLaunch", t0 - 5, corr))
+        starts = [t0, t0 + 2.3, t0 + 2.0, t0 + 10]  # `gate` starts before `up`, launched before it
+        events += [kernel(name, s, corr, stream) for (name, stream), s in zip(plan, starts)]
+    path = tmp_path / "fork.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_report(path)
+    k = trace.kernels.sort("start")
+    low = (k["graph_node_id"] % (1 << 32)).to_list()
+    by_name = dict(zip(k["name"].to_list()[:4], low[:4]))
+    assert by_name == {"a": 0, "up": 1, "gate": 2, "down": 3}
+    assert low == low[:4] * 3
+    created = trace.graph_nodes.filter(pl.col("original_graph_node_id").is_null()).sort("start")
+    assert created["start"].to_list() == [1000 * i for i in range(1, 5)]  # launch calls, rebased on the first call
