@@ -160,3 +160,9 @@ def test_union_replay_is_each_build_at_its_ends(analysis, pair):
     assert ends[0] == pytest.approx(span(g_old), abs=1e-6)
     assert ends[1] == pytest.approx(span(g_new), abs=1e-6)
     assert all(math.isfinite(v) for v in ends)
+
+
+def test_a_build_against_itself_has_no_edits(analysis):
+    a = analysis("hf_base_a")
+    attr = attribute(a.graph, a.graph, match_nodes(a.graph, a.graph))
+    assert attr.players.height == 0 and attr.modelled_ns == 0 and attr.exact

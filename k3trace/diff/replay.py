@@ -22,7 +22,7 @@ BATCH = 256
 
 def _gather(applied: np.ndarray, owner: np.ndarray) -> np.ndarray:
     """[U, V]: applied[v, owner[u]], False where a node has no owner."""
-    padded = np.concatenate([applied, np.zeros((applied.shape[0], 1), dtype=bool)], axis=1)
+    padded = np.concatenate([applied.astype(bool), np.zeros((applied.shape[0], 1), dtype=bool)], axis=1)
     return padded[:, np.where(owner >= 0, owner, applied.shape[1])].T
 
 

@@ -45,6 +45,9 @@ def attribution_waterfall(rows: pl.DataFrame, title: str) -> go.Figure:
         x=rows["label"].to_list(), y=rows["value_us"].to_list(), measure=rows["kind"].to_list(),
         text=[f"{v:+.2f}" if k == "relative" else f"{v:.1f}" for v, k in zip(rows["value_us"], rows["kind"])],
         textposition="outside",
+        # Latency: a bar that makes the step longer is bad (red), one that shortens it good.
+        increasing={"marker": {"color": "#d62728"}}, decreasing={"marker": {"color": "#2ca02c"}},
+        totals={"marker": {"color": "#7f7f7f"}},
     ))
     # Zoom the axis onto the span range the bars move through: from 0 the deltas vanish.
     levels, level = [], 0.0
