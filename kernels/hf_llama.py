@@ -118,10 +118,53 @@ def add_layer_ranges(model) -> None:
     model.register_forward_hook(lambda *_: _nvtx_pop())
 
 
+#: The serving engines' layerwise NVTX (../shared/design/ENGINES.md): a `str(dict)` range per
+#: module, over the whole module tree, with these prefixes for the module path; each module's
+#: forward is followed by a zero-length range holding its outputs.
+ENGINE_PREFIX = {"vllm": "top", "sglang": "model", "trtllm": "LlamaForCausalLM"}
+#: The engines' per-step ranges (the step number and token counts vary per step).
+ENGINE_STEP = {
+    "k3": lambda i: "decode_step",
+    "vllm": lambda i: f"execute_context_0(0)_generation_1({i})",
+    "sglang": lambda i: "scheduler.run_batch",
+    "trtllm": lambda i: f"[Executor] _forward_step {i}: 0 ctx reqs, 1 gen reqs",
+    "none": None,
+}
+
+
+def _shapes(values) -> list:
+    if isinstance(values, torch.Tensor):
+        return [list(values.shape)]
+    if isinstance(values, (list, tuple)):
+        return [s for v in values for s in _shapes(v)]
+    return []
+
+
+def add_engine_ranges(model, style: str) -> None:
+    """Module-tree NVTX in an engine's format, written here from its documented layout (not
+    copied): pre-hook pushes {'Module': path, 'TrainableParams': ..., 'Inputs': ...}, post-hook
+    pops it and marks the outputs with a zero-length range."""
+    for name, module in model.named_modules(prefix=ENGINE_PREFIX[style]):
+        if isinstance(module, (torch.nn.Identity, torch.nn.Dropout)):
+            continue
+        params = {n: list(p.shape) for n, p in module.named_parameters(recurse=False)}
+
+        def pre(mod, args, name=name, params=params):
+            _nvtx_push(str({"Module": name, "TrainableParams": params, "Inputs": _shapes(args)}))
+
+        def post(mod, args, output, name=name):
+            _nvtx_pop()
+            _nvtx_push(str({"Module": name, "Outputs": _shapes(output)}))
+            _nvtx_pop()
+
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+
+
 def make_step(model, cfg, args):
     from transformers import StaticCache
 
-    cache = StaticCache(config=cfg, max_cache_len=args.context + args.steps + 8)
+    cache = StaticCache(config=cfg, max_cache_len=args.context + args.steps + args.eager_steps + 8)
     ids = torch.zeros((1, 1), dtype=torch.long, device=args.device)
     pos = torch.zeros((1, 1), dtype=torch.long, device=args.device)
 
@@ -138,7 +181,11 @@ def make_step(model, cfg, args):
 def run(args: argparse.Namespace) -> dict:
     cfg, model = build_model(args)
     apply_variant(model, args.variant, args.device)
-    add_layer_ranges(model)
+    if args.nvtx_style == "k3":
+        add_layer_ranges(model)
+    elif args.nvtx_style != "none":
+        add_engine_ranges(model, args.nvtx_style)
+    step_range = ENGINE_STEP[args.nvtx_style]
     step = make_step(model, cfg, args)
     if not args.device.startswith("cuda"):  # CPU: the eager path only (tests of this script)
         for _ in range(args.steps):
@@ -175,10 +222,21 @@ def run(args: argparse.Namespace) -> dict:
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     wall = time.perf_counter()
     begin.record()
-    for _ in range(args.steps):
-        _nvtx_push("decode_step")
-        graph.replay()
-        _nvtx_pop()
+    for i in range(args.eager_steps):  # annotated eager steps inside the window, before the replays
+        if step_range:
+            _nvtx_push(step_range(i))
+        step()
+        if step_range:
+            _nvtx_pop()
+    for i in range(args.eager_steps, args.eager_steps + args.steps):
+        if step_range:
+            _nvtx_push(step_range(i))
+        if args.no_graph:
+            step()
+        else:
+            graph.replay()
+        if step_range:
+            _nvtx_pop()
     end.record()
     torch.cuda.synchronize()
     wall = time.perf_counter() - wall
@@ -237,6 +295,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--nvtx-style", choices=tuple(ENGINE_STEP), default="k3",
+                   help="layer/step NVTX: k3trace's layer.<i>.<family>, an engine's module-tree format, or none")
+    p.add_argument("--eager-steps", type=int, default=0, help="annotated eager steps inside the window first")
+    p.add_argument("--no-graph", action="store_true", help="eager decode only (an engine's --enforce-eager)")
     p.add_argument("--capture", choices=("inside", "before"), default="inside",
                    help="capture the graph inside the profiler window (labels recorded) or before it")
     p.add_argument("--microbench", action="store_true",

@@ -2,10 +2,10 @@
 # Third-party decode recordings on the H200 (kernels/hf_llama.py: transformers' Llama, one module
 # changed per variant), through the device tool. Two calls while the machine stays warm, each
 # carrying .nsys (../shared/gpu/README.md):
-#   bash kernels/scripts/h200_hf.sh a;  ... b;  ... before;  ... repeats
+#   bash kernels/scripts/h200_hf.sh a;  ... b;  ... before;  ... repeats;  ... labels
 # Leaves the standalone micro-benchmark, logs, compressed .qdstrm files and one Kineto trace in $OUT.
 set -u
-phase=${1:?phase a, b, before or repeats}
+phase=${1:?phase a, b, before, repeats or labels}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 N=/tmp/nx/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys
 [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
@@ -35,6 +35,20 @@ for i in 1 2; do
   rec hf_rep_norm_fused_$i --variant norm_fused
 done
 rec hf_rep_spin_1 --variant mlp_spin
+elif [ $phase = labels ]; then  # engine-style layer NVTX (issue: labels on engine traces)
+rec hf_vllm_inside --nvtx-style vllm
+rec hf_vllm_before_eager --nvtx-style vllm --capture before --eager-steps 2
+rec hf_vllm_eager_donor --nvtx-style vllm --capture before --no-graph --steps 20
+rec hf_sglang_before --nvtx-style sglang --capture before
+rec hf_trtllm_inside --nvtx-style trtllm
+rec hf_nonvtx_before --nvtx-style none --capture before
+for r in a b; do
+  timeout 240 python3 -m kernels.hf_llama --steps 20 --kineto /tmp/rec/hf_kineto_labels_$r.pt.trace.json.gz \
+    --timings-json /tmp/rec/hf_kineto_labels_$r.json > /tmp/rec/hf_kineto_labels_$r.log 2>&1; echo "kineto $r rc=$?"
+done
+timeout 300 python3 -m kernels.record_loop --workload k3-decode --layers 8 --steps 40 \
+  --kineto /tmp/rec/k3_bs1_kineto.pt.trace.json.gz > /tmp/rec/k3_bs1_kineto.log 2>&1; echo "k3 kineto rc=$?"
+cp /tmp/rec/*.gz $OUT/ 2>/dev/null
 elif [ $phase = before ]; then  # graphs captured before the window, as engines do
 B="--capture before"
 rec hf_before_base_b $B
