@@ -18,14 +18,15 @@ from k3trace.errors import ReportError
 from k3trace.ingest import schema
 from k3trace.ingest.tables import TRUNCATED, WRONG_TYPE, MAX_TEXT_BYTES, TableSource
 
-WRONG_TYPE_ISSUE = "values of the wrong type (not integers)"
-NULL_ISSUE = "no start or end time (NULL)"
-NULL_ID_ISSUE = "no stream, device, process or correlation id (NULL)"
-NEGATIVE_ISSUE = "negative times"
-INVERTED_ISSUE = "end before start"
-DANGLING_ISSUE = "names pointing at missing strings"
-DUPLICATE_ISSUE = "duplicates of another row"
-TRUNCATED_ISSUE = f"texts longer than {MAX_TEXT_BYTES // 1024} KiB, cut there"
+# Each reads after a row count: "152 with no start or end time".
+WRONG_TYPE_ISSUE = "with non-integer values in integer columns"
+NULL_ISSUE = "with no start or end time"
+NULL_ID_ISSUE = "with no stream, device, process or correlation id"
+NEGATIVE_ISSUE = "with negative times"
+INVERTED_ISSUE = "ending before they start"
+DANGLING_ISSUE = "naming strings that are not in StringIds"
+DUPLICATE_ISSUE = "duplicating another row"
+TRUNCATED_ISSUE = f"with texts longer than {MAX_TEXT_BYTES // 1024} KiB, cut there"
 
 #: Columns every export schema k3trace reads (nsys 2022.1 to 2026.2, export schema 2.9 to
 #: 3.25) has, per table; a table that is absent altogether is handled by its reader.
