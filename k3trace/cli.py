@@ -51,6 +51,9 @@ class Environment:
             if why is not None:
                 note(f"cache folder {folder.name} cannot be used ({why}); running without the cache")
                 folder = None
+            else:  # what killed runs left behind
+                for sub in (folder, folder / "traces", folder / "analyses"):
+                    cachefs.clean_leftovers(sub)
         nsys = os.environ.get("K3TRACE_NSYS") or shutil.which("nsys")
         return cls(cache_dir=folder, tools=Tools(nsys=nsys))
 
@@ -74,7 +77,8 @@ def _progress(label: str) -> Iterator:
 
     timer = threading.Timer(1.0, start)
     timer.daemon = True
-    timer.start()
+    if err.is_terminal:  # a spinner in a log or a pipe is only noise (and a stray blank line)
+        timer.start()
     try:
         yield lambda phase: progress.update(task, description=f"{label}: {phase}")
     finally:

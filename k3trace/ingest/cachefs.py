@@ -48,6 +48,7 @@ def write_entry(folder: Path, writers: dict[str, Callable[[Path], None]], meta: 
     tmp = folder.parent / temp_name(".tmp-", folder.name)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(folder.parent)
         tmp.mkdir()
         files = {}
         for name, write in writers.items():

@@ -222,7 +222,7 @@ def _decompress(path: Path, inner: Path, opener, limits: Limits) -> None:
                 written += len(block)
                 if written > limits.max_decompressed_bytes:
                     raise ReportError(
-                        f"{label} decompresses to more than {limits.max_decompressed_bytes / 2**30:g} GiB",
+                        f"{label} decompresses to more than {limits.max_decompressed_bytes / 2**30:.3g} GiB",
                         "decompress it yourself if it is genuine, or raise [input] max_decompressed_gib in a --config file")
                 if written > limits.ratio_after_bytes and written / packed > limits.max_ratio:
                     raise ReportError(
