@@ -96,7 +96,10 @@ def _decode(node: Any, folder: Path) -> Any:
 def save(analysis: Analysis, folder: Path) -> bool:
     """Write the entry (atomic; False when the cache could not take it)."""
     enc = _Encoder()
-    tree = enc.encode(analysis)
+    try:
+        tree = enc.encode(analysis)
+    except (TypeError, ValueError):
+        return False  # a field this format cannot hold: not cached, never pickled
     writers = dict(enc.files)
     writers["analysis.json"] = lambda p: p.write_text(json.dumps(tree))
     return cachefs.write_entry(folder, writers, {"root": "analysis.json"}, FORMAT)
