@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from k3trace.config import Config, load_config
-from k3trace.errors import ReportError
+from k3trace.errors import ReportError, printable
 from k3trace.ingest import Tools
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -40,6 +41,8 @@ class Environment:
 
     @classmethod
     def resolve(cls, cache_dir: Optional[Path], no_cache: bool) -> "Environment":
+        from k3trace.ingest import cachefs
+
         if no_cache:
             folder = None
         elif cache_dir is not None:
@@ -47,8 +50,21 @@ class Environment:
         else:
             base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
             folder = Path(base) / "k3trace"
+        if folder is not None:
+            # An unusable cache is not bad input: say so once and run without it.
+            why = cachefs.unusable(folder)
+            if why is not None:
+                note(f"cache folder {folder.name} cannot be used ({why}); running without the cache")
+                folder = None
+            else:  # what killed runs left behind
+                for sub in (folder, folder / "traces", folder / "analyses"):
+                    cachefs.clean_leftovers(sub)
         nsys = os.environ.get("K3TRACE_NSYS") or shutil.which("nsys")
         return cls(cache_dir=folder, tools=Tools(nsys=nsys))
+
+
+def note(text: str) -> None:
+    err.print(f"k3trace: note: {printable(text)}", markup=False, highlight=False, soft_wrap=True)
 
 
 @contextmanager
@@ -56,15 +72,24 @@ def _progress(label: str) -> Iterator:
     """A spinner on stderr, shown only when ingest takes longer than a second."""
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                         console=err, transient=True)
+    label = printable(label)
     task = progress.add_task(f"{label}: starting", total=None)
-    timer = threading.Timer(1.0, progress.start)
+    started = threading.Event()
+
+    def start() -> None:
+        started.set()
+        progress.start()
+
+    timer = threading.Timer(1.0, start)
     timer.daemon = True
-    timer.start()
+    if err.is_terminal:  # a spinner in a log or a pipe is only noise (and a stray blank line)
+        timer.start()
     try:
         yield lambda phase: progress.update(task, description=f"{label}: {phase}")
     finally:
         timer.cancel()
-        progress.stop()
+        if started.is_set():  # stopping a spinner never shown would print a blank line
+            progress.stop()
 
 
 def analysis_of(path: Path, cfg: Config, env: Environment):
@@ -74,26 +99,58 @@ def analysis_of(path: Path, cfg: Config, env: Environment):
         return analyze_report(path, cfg, cache_dir=env.cache_dir, tools=env.tools, progress=update)
 
 
-def fail(exc: Exception) -> None:
+def fail(exc: BaseException) -> None:
     if isinstance(exc, ReportError):
-        err.print(f"k3trace: {exc}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"k3trace: {printable(str(exc))}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(ReportError.exit_code)
-    err.print(f"k3trace: internal error: {type(exc).__name__}: {exc} "
+    if isinstance(exc, KeyboardInterrupt):
+        err.print("k3trace: interrupted", markup=False, highlight=False)
+        raise typer.Exit(130)
+    if isinstance(exc, MemoryError):
+        err.print("k3trace: out of memory; analyse a shorter capture, or give k3trace more memory",
+                  markup=False, highlight=False)
+        raise typer.Exit(1)
+    err.print(f"k3trace: internal error: {type(exc).__name__}: {printable(str(exc))} "
               "(set K3TRACE_DEBUG=1 for the traceback)", markup=False, highlight=False, soft_wrap=True)
     if os.environ.get("K3TRACE_DEBUG"):
         raise exc
     raise typer.Exit(1)
 
 
+def _terminated(signum, frame) -> None:
+    # SIGTERM unwinds like Ctrl-C, so work folders and temporary files are removed.
+    raise KeyboardInterrupt
+
+
 @contextmanager
 def one_line_errors() -> Iterator[None]:
     """The CLI boundary: every failure becomes one line (exit 2 for bad input)."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         yield
     except typer.Exit:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001
         fail(exc)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def output_file(path: Path, what: str) -> Path:
+    """Check, before any work, that `path` can be written as a file: its folder exists and
+    it is not a folder itself."""
+    if path.is_dir():
+        raise ReportError(f"{what} {path.name} is a folder", f"pass a file name for the {what}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ReportError(f"the folder of {what} {path.name} does not exist",
+                          f"create it first, or pass a {what} path in an existing folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ReportError(f"the folder of {what} {path.name} is not writable", f"pass a writable {what} path")
+    return path
 
 
 CacheDir = typer.Option(None, "--cache-dir", help="Where normalised traces are cached (default: XDG cache).")
@@ -242,6 +299,8 @@ def diff_cmd(
             old, new = [reports[0]], [reports[1]]
         if not old or not new:
             raise ReportError("diff needs an old and a new build", "pass OLD NEW, or --old ... --new ...")
+        if html is not None:
+            output_file(html, "HTML report")
         run_diff(DiffOptions(tuple(old), tuple(new), "json" if json_out else output_format, html, fail_on,
                              load_config(config), Environment.resolve(cache_dir, no_cache)))
 
@@ -294,7 +353,7 @@ def record_cmd(
         if env.tools.nsys is None:
             raise ReportError("nsys was not found", "put Nsight Systems' nsys on PATH or set K3TRACE_NSYS")
         report = record.run(plan)
-        err.print(f"recorded {report}", markup=False)
+        err.print(printable(f"recorded {report}"), markup=False)
         run_analyze(AnalyzeOptions(report, False, load_config(None), env))
 
 
@@ -308,6 +367,8 @@ def demo_cmd(
     from k3trace.demo import DEMO_PAIR, THIRD_PARTY_PAIR, bundled_trace
 
     with one_line_errors():
+        if html is not None:
+            output_file(html, "HTML report")
         env = Environment.resolve(cache_dir, no_cache)
         old, new = (bundled_trace(name) for name in DEMO_PAIR)
         out = _stdout()
@@ -329,8 +390,9 @@ def scrub_cmd(
     from k3trace.scrub import scrub
 
     with one_line_errors():
+        output_file(output, "scrubbed output")
         summary = scrub(report, output, Environment.resolve(None, True).tools)
-    err.print(f"wrote {output.name}: " + ", ".join(f"{k} {v}" for k, v in summary.items()), markup=False)
+    err.print(printable(f"wrote {output.name}: " + ", ".join(f"{k} {v}" for k, v in summary.items())), markup=False)
 
 
 def main() -> None:  # pragma: no cover - console entry point

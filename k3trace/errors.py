@@ -18,3 +18,17 @@ class ReportError(Exception):
 
     def __str__(self) -> str:
         return f"{self.problem}; {self.fix}"
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped (\\n, \\x1b, ...): file names and trace
+    strings are untrusted, and printed raw they could break the one-line message or drive
+    the terminal."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if code < 0x20 or 0x7F <= code < 0xA0 or ch in "\u2028\u2029":
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -7,6 +7,13 @@ A report stores the environment and host in three places (../shared/nsys/README.
 `KEY=VALUE\\0KEY=VALUE...` and single entries). Besides those three, this removes the
 host's process and thread lists, CPU sampling/OS-runtime rows, the working directory,
 command-line paths, and the exporter's host, user and file paths.
+
+Then every text value left, in every table and column (kernel names and NVTX texts
+included), is swept (`redact`): the user and host names the report names are replaced
+wherever they occur, as are the user part of POSIX and Windows home paths
+(`/home/<user>/`, `/Users/<user>/`, `C:\\Users\\<user>\\`) and the value of environment-like
+`KEY=VALUE` entries (an upper-case key: `HF_TOKEN=...`); process names keep only the
+executable's file name. A name that carries none of these is left byte for byte.
 """
 
 from __future__ import annotations
@@ -26,6 +33,14 @@ from k3trace.ingest.report import materialise
 
 SCRUBBED = "[scrubbed]"
 _ENV_IN_BLOCK = re.compile(rb"(?:^|\x00)[A-Za-z_][A-Za-z0-9_]*=")
+# An environment-like entry: an upper-case key (HF_TOKEN, AWS_SECRET_ACCESS_KEY) not glued to
+# a preceding word, its value up to whitespace or a separator.
+_ENV_ENTRY = re.compile(rb"(?<![A-Za-z0-9_.$])([A-Z][A-Z0-9_]+)=(?!\[scrubbed\])[^\s\x00;,&'\"]+")
+_HOME = re.compile(rb"(/home/|/Users/|/export/home/)(?!\[scrubbed\])[^/\s\x00'\"]+")
+_WIN_HOME = re.compile(rb"([A-Za-z]:[\\/]+(?:Users|Documents and Settings)[\\/]+)(?!\[scrubbed\])[^\\/\s\x00'\"]+",
+                       re.IGNORECASE)
+# Metadata rows naming the user or the host, read before they are removed.
+_IDENTITY_ROWS = ("%USER_NAME%", "%DISPLAY_NAME%", "%HOST%", "%USER%")
 _HOST_ENV_ROWS = ("DeviceEnvironment", "Hostname", "TargetInstallDir", "InjectionFilesStoragePath", "CpuInfo")
 _HOST_TABLES = ("OSRT_API", "OSRT_CALLCHAINS", "SCHED_EVENTS", "COMPOSITE_EVENTS", "SAMPLING_CALLCHAINS",
                 "CUDA_CALLCHAINS", "PROFILER_OVERHEAD", "DIAGNOSTIC_EVENT")
@@ -83,11 +98,85 @@ def _profiled_pids(con: sqlite3.Connection, tables: set[str]) -> set[int]:
     return pids
 
 
+def _identities(con: sqlite3.Connection, tables: set[str]) -> set[bytes]:
+    """User and host names the report itself names (metadata rows, home paths)."""
+    found: set[bytes] = set()
+
+    def add(value) -> None:
+        if isinstance(value, str):
+            value = value.encode("utf-8", "surrogateescape")
+        if isinstance(value, bytes):
+            value = value.strip()
+            # Too short or too generic to replace wherever it occurs.
+            if len(value) >= 3 and value != SCRUBBED.encode() and not value.isdigit() and b"/" not in value:
+                found.add(value)
+
+    for table in ("META_DATA_CAPTURE", "META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if table in tables and {"name", "value"} <= _columns(con, table):
+            for pattern in _IDENTITY_ROWS:
+                for (v,) in con.execute(f'SELECT CAST(value AS BLOB) FROM "{table}" WHERE name LIKE ?', (pattern,)):
+                    add(v)
+    if "TARGET_INFO_SYSTEM_ENV" in tables:
+        for (v,) in con.execute("SELECT CAST(value AS BLOB) FROM TARGET_INFO_SYSTEM_ENV "
+                                "WHERE CAST(name AS TEXT) IN ('Hostname', 'UserName')"):
+            add(v)
+    for (v,) in con.execute("SELECT CAST(value AS BLOB) FROM StringIds"):
+        if isinstance(v, bytes):
+            for m in _HOME.finditer(v):
+                add(m.group(0)[len(m.group(1)):])
+            for m in _WIN_HOME.finditer(v):
+                add(m.group(0)[len(m.group(1)):])
+    return found
+
+
+def redactor(identities: set[bytes]):
+    """The function applied to every text value: returns it unchanged when nothing in it
+    needs scrubbing."""
+    names = re.compile(rb"(?<![A-Za-z0-9])(?:" + b"|".join(re.escape(n) for n in sorted(identities, key=len, reverse=True))
+                       + rb")(?![A-Za-z0-9])", re.IGNORECASE) if identities else None
+    mark = SCRUBBED.encode()
+
+    def redact(value):
+        if not isinstance(value, (str, bytes)):
+            return value
+        raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+        out = _HOME.sub(lambda m: m.group(1) + mark, raw)
+        out = _WIN_HOME.sub(lambda m: m.group(1) + mark, out)
+        out = _ENV_ENTRY.sub(lambda m: m.group(1) + b"=" + mark, out)
+        if names is not None:
+            out = names.sub(mark, out)
+        if out == raw:
+            return value
+        return out.decode("utf-8", "surrogateescape") if isinstance(value, str) else out
+
+    return redact
+
+
+def _sweep(con: sqlite3.Connection, tables: set[str], identities: set[bytes]) -> int:
+    """Redact every text or blob value of every table; process names keep their file name."""
+    con.create_function("k3_redact", 1, redactor(identities), deterministic=True)
+    con.create_function("k3_basename", 1, lambda v: re.split(r"[\\/]", v)[-1] if isinstance(v, str) else v,
+                        deterministic=True)
+    changed = 0
+    for table in sorted(tables):
+        if table.startswith("sqlite_"):
+            continue
+        for col in sorted(_columns(con, table)):
+            changed += con.execute(
+                f'UPDATE "{table}" SET "{col}" = k3_redact("{col}") WHERE typeof("{col}") IN (\'text\', \'blob\') '
+                f'AND k3_redact("{col}") IS NOT "{col}"').rowcount
+    if "PROCESSES" in tables and "name" in _columns(con, "PROCESSES"):
+        changed += con.execute("UPDATE PROCESSES SET name = k3_basename(name) WHERE typeof(name) = 'text' "
+                               "AND k3_basename(name) IS NOT name").rowcount
+    return changed
+
+
 def scrub_connection(con: sqlite3.Connection) -> dict[str, int]:
     tables = _tables(con)
     if "StringIds" not in tables:
         raise ReportError("not an Nsight Systems SQLite export (no StringIds table)",
                           "export the report with `nsys export -t sqlite` first")
+    identities = _identities(con, tables)
     done: dict[str, int] = {}
     if "META_DATA_CAPTURE" in tables:
         done["capture env rows"] = con.execute(
@@ -114,6 +203,7 @@ def scrub_connection(con: sqlite3.Connection) -> dict[str, int]:
         if table in tables:
             con.execute(f'DELETE FROM "{table}"')
     done["strings"] = _scrub_strings(con, tables)
+    done["redacted values"] = _sweep(con, tables, identities)
     return done
 
 

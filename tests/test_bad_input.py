@@ -122,7 +122,7 @@ def test_invalid_config(trace_sqlite, tmp_path):
 def test_config_with_a_bad_pattern(trace_sqlite, tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[patterns]\nfmha = '('\n")
-    assert_bad_input(trace_sqlite("small_before"), "--config", str(cfg), says="config is invalid")
+    assert_bad_input(trace_sqlite("small_before"), "--config", str(cfg), says="config bad.toml: patterns.fmha")
 
 
 def test_nsys_rep_without_nsys(tmp_path):

@@ -34,7 +34,9 @@ def test_analyze_json_contract(trace_sqlite, cache_dir):
     assert all(ANALYZE_KEYS["kernels"] <= set(k) for k in j["kernels"])
     assert "residency_median_us" in j and set(j["pre_attention_window_us"]) >= {"median", "count"}
     assert set(j["labels"]["sources"]) == {"nvtx", "graph_capture", "aligned_eager", "name_rule", "unlabelled"}
-    assert "edges_per_step" in j["pdl"] and set(j["completeness"]) == {"ok", "problems"}
+    assert "edges_per_step" in j["pdl"]
+    assert set(j["completeness"]) == {"ok", "problems", "excluded_rows", "affected_steps", "truncated"}
+    assert j["caveats"] == [] and j["completeness"]["ok"]
 
 
 def test_analyze_terminal(trace_sqlite, cache_dir):

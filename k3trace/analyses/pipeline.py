@@ -16,7 +16,7 @@ from k3trace.analyses.overlap import step_overlap
 from k3trace.analyses.result import KERNEL_COLUMNS, PATH_COLUMNS, Analysis
 from k3trace.config import Config
 from k3trace.errors import ReportError
-from k3trace.ingest import Progress, Tools, Trace, load_report, report_key
+from k3trace.ingest import Limits, Progress, Tools, Trace, load_report, report_key
 from k3trace.model.labels import label_kernels, source_counts
 from k3trace.model.stable import classify_steps
 from k3trace.model.steps import assign_steps
@@ -38,15 +38,16 @@ def analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None = None, to
     """`analyze(load_report(path))`, reusing a cached result for the same report, config and
     k3trace version."""
     path = Path(path)
+    limits = Limits(max_decompressed_bytes=cfg.max_decompressed_bytes, max_ratio=cfg.max_compression_ratio)
     if cache_dir is None or not path.exists():
-        return analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress), cfg)
+        return analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg)
     ident = f"{report_key(path)}|{cfg!r}|{_code_version()}|{store.FORMAT}"
     folder = cache_dir / "analyses" / hashlib.sha256(ident.encode()).hexdigest()[:24]
     cached = store.load(folder)
     if cached is not None:
         progress("cached analysis")
         return cached
-    result = analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress), cfg)
+    result = analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg)
     progress("writing cache")
     store.save(result, folder)
     return result
@@ -79,6 +80,9 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
     if assignment.other_lanes:
         notes.append(f"analysed process {assignment.lane[0]} on device {assignment.lane[1]}; "
                      f"{assignment.other_lanes} other process/device lanes with GPU work were left out")
+    for r in trace.findings.filter(~pl.col("excluded")).iter_rows(named=True):
+        notes.append(f"{r['rows']} of {r['total']} {r['table']} rows had {r['issue']} "
+                     "(names that differ only past the cut read as one)")
     counts = source_counts(labelled)
     if counts["nvtx"] + counts["graph_capture"] + counts["aligned_eager"] == 0:
         notes.append("no layer NVTX ranges: families come from kernel-name rules only, layers are unknown")
@@ -112,7 +116,7 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
         pre_attention=windows,
         pdl_steps=pdl_steps,
         label_sources=counts,
-        completeness=completeness.check(trace, steps, labelled, cfg, assignment.lane[0]),
+        completeness=completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source),
         step_stats={col: steptimes.quantiles_us(step_times[col])
                     for col in ("period", "span", "host", "busy", "residency")},
         pre_attention_summary=pre_attention.summary(windows),

@@ -51,6 +51,12 @@ class Analysis:
     def stable_steps(self) -> int:
         return self.step_times.height
 
+    def trust(self) -> dict[str, Any]:
+        """This side's completeness in brief, for a verdict built on it (the diff): the
+        report, whether its capture is complete, the problem and caveat texts."""
+        return {"report": self.report, **self.completeness.summary(),
+                "problem_texts": list(self.completeness.problems)}
+
     def representative_step(self) -> int:
         """The stable step whose span is closest to the median span."""
         st = self.step_times
@@ -130,6 +136,10 @@ class Analysis:
             "labels": {"sources": self.label_sources},
             "pdl": self.pdl_summary,
             "critical_path": self.critical_summary(),
-            "completeness": {"ok": self.completeness.ok, "problems": list(self.completeness.problems)},
+            "completeness": {"ok": self.completeness.ok, "problems": list(self.completeness.problems),
+                             "excluded_rows": self.completeness.excluded_rows,
+                             "affected_steps": self.completeness.affected_steps,
+                             "truncated": self.completeness.truncated},
+            "caveats": list(self.completeness.caveats),
             "notes": list(self.notes),
         }

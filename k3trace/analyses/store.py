@@ -1,52 +1,120 @@
-"""Save and load an Analysis: its frames as lz4 Arrow IPC files, everything else pickled,
-written to a temporary folder and renamed into place (atomic)."""
+"""Save and load an Analysis without pickle: its frames as lz4 Arrow IPC files, its arrays
+as .npy (no object arrays), everything else as JSON, in one digest-checked cache entry
+(ingest/cachefs.py). Loading builds only the dataclasses named in `_TYPES`: a cache entry
+can hold data, never code, and a damaged or edited one is removed and recomputed."""
 
 from __future__ import annotations
 
-import os
-import pickle
-import shutil
-import uuid
-from dataclasses import fields
+import dataclasses
+import io
+import json
 from pathlib import Path
+from typing import Any, Callable
 
+import numpy as np
 import polars as pl
 
+from k3trace.analyses.completeness import Completeness
 from k3trace.analyses.result import Analysis
+from k3trace.analyses.stepgraph import StepGraph
+from k3trace.config import Config, NameRule
+from k3trace.ingest import cachefs
 
-FORMAT = 1
+FORMAT = 2
+_TYPES: dict[str, type] = {t.__name__: t for t in (Analysis, StepGraph, Completeness, Config, NameRule)}
 
 
-def save(analysis: Analysis, folder: Path) -> None:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.parent / f".tmp-{folder.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+class _Encoder:
+    """Values -> JSON-able trees; frames and arrays go to files named in the tree."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, Callable[[Path], None]] = {}
+
+    def _file(self, suffix: str, write: Callable[[Path], None]) -> str:
+        name = f"{len(self.files)}.{suffix}"
+        self.files[name] = write
+        return name
+
+    def encode(self, value: Any) -> Any:
+        if isinstance(value, pl.DataFrame):
+            return {"frame": self._file("arrow", lambda p, v=value: v.write_ipc(p, compression="lz4"))}
+        if isinstance(value, np.ndarray):
+            if value.dtype == object:
+                raise TypeError("object arrays are not stored")
+
+            def write(p: Path, v=value) -> None:
+                with open(p, "wb") as fh:
+                    np.save(fh, v, allow_pickle=False)
+            return {"array": self._file("npy", write)}
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            name = type(value).__name__
+            if _TYPES.get(name) is not type(value):
+                raise TypeError(f"{name} is not a stored type")
+            return {"dataclass": name,
+                    "fields": {f.name: self.encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+        if isinstance(value, tuple):
+            return {"tuple": [self.encode(v) for v in value]}
+        if isinstance(value, list):
+            return {"list": [self.encode(v) for v in value]}
+        if isinstance(value, dict):
+            if not all(isinstance(k, str) for k in value):
+                raise TypeError("only str keys are stored")
+            return {"dict": {k: self.encode(v) for k, v in value.items()}}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return {"value": value}
+        if isinstance(value, np.generic):
+            return {"value": value.item()}
+        raise TypeError(f"{type(value).__name__} is not stored")
+
+
+def _decode(node: Any, folder: Path) -> Any:
+    if "dataclass" in node:
+        cls = _TYPES[node["dataclass"]]
+        given = node["fields"]
+        if set(given) != {f.name for f in dataclasses.fields(cls)}:
+            raise TypeError(f"{cls.__name__} fields changed")
+        return cls(**{k: _decode(v, folder) for k, v in given.items()})
+    (kind, payload), = node.items()
+    if kind == "value":
+        if payload is not None and not isinstance(payload, (bool, int, float, str)):
+            raise TypeError("not a scalar")
+        return payload
+    if kind == "frame":
+        return pl.read_ipc(io.BytesIO((folder / Path(payload).name).read_bytes()))
+    if kind == "array":
+        with open(folder / Path(payload).name, "rb") as fh:
+            return np.load(io.BytesIO(fh.read()), allow_pickle=False)
+    if kind == "tuple":
+        return tuple(_decode(v, folder) for v in payload)
+    if kind == "list":
+        return [_decode(v, folder) for v in payload]
+    if kind == "dict":
+        return {str(k): _decode(v, folder) for k, v in payload.items()}
+    raise TypeError(f"unknown node {kind}")
+
+
+def save(analysis: Analysis, folder: Path) -> bool:
+    """Write the entry (atomic; False when the cache could not take it)."""
+    enc = _Encoder()
     try:
-        rest = {}
-        for f in fields(analysis):
-            value = getattr(analysis, f.name)
-            if isinstance(value, pl.DataFrame):
-                value.write_ipc(tmp / f"{f.name}.arrow", compression="lz4")
-            else:
-                rest[f.name] = value
-        with open(tmp / "rest.pickle", "wb") as fh:
-            pickle.dump(rest, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            pass  # written by another process first
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        tree = enc.encode(analysis)
+    except (TypeError, ValueError):
+        return False  # a field this format cannot hold: not cached, never pickled
+    writers = dict(enc.files)
+    writers["analysis.json"] = lambda p: p.write_text(json.dumps(tree))
+    return cachefs.write_entry(folder, writers, {"root": "analysis.json"}, FORMAT)
 
 
 def load(folder: Path) -> Analysis | None:
-    if not (folder / "rest.pickle").exists():
+    entry = cachefs.read_entry(folder, FORMAT)
+    if entry is None:
         return None
     try:
-        with open(folder / "rest.pickle", "rb") as fh:
-            rest = pickle.load(fh)
-        frames = {p.stem: pl.read_ipc(p) for p in folder.glob("*.arrow")}
-        return Analysis(**rest, **frames)
-    except (OSError, EOFError, pickle.UnpicklingError, TypeError, AttributeError, pl.exceptions.PolarsError):
-        return None  # a damaged or stale entry is recomputed, never trusted
+        tree = json.loads((folder / "analysis.json").read_text())
+        analysis = _decode(tree, folder)
+        if not isinstance(analysis, Analysis):
+            raise TypeError("not an analysis")
+        return analysis
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, pl.exceptions.PolarsError):
+        cachefs.discard(folder)  # a damaged or stale entry is recomputed, never trusted
+        return None

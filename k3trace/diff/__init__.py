@@ -113,7 +113,8 @@ class Diff:
         if self.structure:
             out.append(f"the builds differ in structure ({self.structure}): that part is one row, not kernel edits")
         if self.incomplete:
-            out.append("incomplete capture on " + ", ".join(self.incomplete) + ": numbers may be wrong; record again")
+            out.append("incomplete capture on " + ", ".join(self.incomplete) + ": the verdict and the edits rest on "
+                       "damaged data (see each side's completeness); record again")
         if not self.exact:
             out.append(f"contributions sampled over {self.orders} orders of applying the edits (stderr per row)")
         return out
@@ -175,6 +176,7 @@ class Diff:
             "shapley": {"exact": self.exact, "orders": self.orders},
             "structure": self.structure,
             "incomplete": self.incomplete,
+            "sides": {"old": [a.trust() for a in self.old], "new": [a.trust() for a in self.new]},
             "matching": {kind: int(n) for kind, n in self.matching.group_by("kind").len().iter_rows()},
             "families": [
                 {"name": r["family"], "old": {f: r[f"{f}_old"] for f in FAMILY_FIELDS},

@@ -11,8 +11,8 @@ from __future__ import annotations
 import polars as pl
 
 from k3trace.errors import ReportError
-from k3trace.ingest import schema
-from k3trace.ingest.tables import TableSource
+from k3trace.ingest import schema, validate
+from k3trace.ingest.tables import TRUNCATED, TableSource
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -24,10 +24,15 @@ META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")
 NVTX_DOMAIN_CREATE = 75
 
 
-def _strings(src: TableSource) -> pl.DataFrame:
-    return src.read("StringIds", ["id", "value"], text=["value"]).select(
-        pl.col("id").cast(pl.Int64), pl.col("value").alias("string")
-    )
+def _strings(src: TableSource) -> tuple[pl.DataFrame, list[dict]]:
+    raw = src.read("StringIds", ["id", "value"], text=["value"], integers=["id"])
+    found = []
+    if raw[TRUNCATED].sum():
+        found.append(validate.finding("StringIds", validate.TRUNCATED_ISSUE, int((raw[TRUNCATED] > 0).sum()),
+                                      raw.height, excluded=False))
+    strings = raw.filter(pl.col("id").is_not_null()).select(
+        pl.col("id").cast(pl.Int64), pl.col("value").alias("string")).unique("id", keep="first")
+    return strings, found
 
 
 def _resolve(frame: pl.DataFrame, strings: pl.DataFrame, id_col: str, out: str) -> pl.DataFrame:
@@ -37,21 +42,35 @@ def _resolve(frame: pl.DataFrame, strings: pl.DataFrame, id_col: str, out: str) 
 
 def _cast(frame: pl.DataFrame, table: str) -> pl.DataFrame:
     target = schema.TABLES[table]
-    return frame.select(pl.col(name).cast(dtype) for name, dtype in target.items())
+    # Not strict: a value that does not fit its column (a damaged id) becomes null, not a crash.
+    return frame.select(pl.col(name).cast(dtype, strict=False) for name, dtype in target.items())
 
 
-def kernels(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
-    launch = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
-    raw = src.read(
-        KERNEL_TABLE,
-        ["start", "end", "deviceId", "streamId", "globalPid", "correlationId", "shortName", "demangledName",
-         "graphNodeId", "graphId", *launch],
-    )
-    # Signatures per distinct (name id, grid, block), resolved and hashed there, joined back.
-    keys = ["_name_id", *launch]
-    raw = raw.with_columns(pl.coalesce("demangledName", "shortName").cast(pl.Int64).alias("_name_id"))
+_LAUNCH = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
+_KERNEL_INTS = ["start", "end", "deviceId", "streamId", "globalPid", "correlationId", "shortName", "demangledName",
+                "graphNodeId", "graphId", *_LAUNCH]
+
+
+def kernels(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, list[dict]]:
+    """(kernels, rejected kernel rows, findings)."""
+    raw = src.read(KERNEL_TABLE, _KERNEL_INTS, integers=_KERNEL_INTS)
+    known = strings.select(pl.col("id").alias("_known"))
+    raw = raw.join(known, left_on="shortName", right_on="_known", how="left", coalesce=False).with_columns(
+        pl.col("_known").is_not_null().alias("_has_name")).drop("_known")
+    checks = validate.interval_checks(ids=("deviceId", "streamId", "globalPid", "correlationId"), negative=True)
+    checks.append((validate.DANGLING_ISSUE, ~pl.col("_has_name")))
+    raw, bad, found = validate.split(raw, checks, "kernels", duplicates_on=_KERNEL_INTS)
+    rejected = bad.select(pl.col("globalPid").alias("global_pid"), pl.col("correlationId").alias("correlation_id"),
+                          pl.col("graphNodeId").alias("graph_node_id"), "start", "issue")
+    # Signatures per distinct (name id, grid, block), resolved and hashed there, joined back;
+    # a demangled name id with no string falls back to the short name.
+    keys = ["_name_id", *_LAUNCH]
+    raw = raw.join(known, left_on="demangledName", right_on="_known", how="left", coalesce=False).with_columns(
+        pl.when(pl.col("_known").is_not_null()).then(pl.col("demangledName")).otherwise(pl.col("shortName"))
+        .cast(pl.Int64).alias("_name_id")).drop("_known", "_has_name")
+    # The hash covers the name's text and the launch shape, never the report's own string id.
     distinct = _resolve(raw.select(keys).unique(), strings, "_name_id", "_full_name")
-    signed = schema.with_kernel_signature(distinct.select("_full_name", *launch)).with_columns(
+    signed = schema.with_kernel_signature(distinct.select("_full_name", *_LAUNCH)).with_columns(
         distinct["_name_id"]).drop("_full_name")
     frame = _resolve(raw, strings, "shortName", "name").join(signed, on=keys, how="left", nulls_equal=True)
     frame = frame.rename(
@@ -59,24 +78,35 @@ def kernels(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
          "correlationId": "correlation_id", "graphNodeId": "graph_node_id", "graphId": "graph_id"}
     )
     # Rows are not guaranteed to be in time order (METRICS.md, "Inputs").
-    return _cast(frame, "kernels").sort("start", "end")
+    return _cast(frame, "kernels").sort("start", "end"), _cast_rejected(rejected), found
 
 
-def runtime(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
+def _cast_rejected(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.select(pl.col(n).cast(t) for n, t in schema.REJECTED_KERNELS.items())
+
+
+def runtime(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, list[dict]]:
     if RUNTIME_TABLE not in src.tables():
-        return schema.empty("runtime")
-    raw = src.read(RUNTIME_TABLE, ["start", "end", "globalTid", "correlationId", "nameId", "returnValue"])
-    frame = _resolve(raw, strings, "nameId", "name").rename(
+        return schema.empty("runtime"), []
+    cols = ["start", "end", "globalTid", "correlationId", "nameId", "returnValue"]
+    raw = _resolve(src.read(RUNTIME_TABLE, cols, integers=cols), strings, "nameId", "name")
+    checks = validate.interval_checks(ids=("globalTid",))
+    checks.append((validate.DANGLING_ISSUE, pl.col("name").is_null()))
+    raw, _, found = validate.split(raw, checks, "runtime", duplicates_on=cols)
+    frame = raw.rename(
         {"globalTid": "global_tid", "correlationId": "correlation_id", "returnValue": "return_value"}
     )
     frame = frame.with_columns(schema.global_pid(pl.col("global_tid").cast(pl.Int64)).alias("global_pid"))
-    return _cast(frame, "runtime").sort("start")
+    return _cast(frame, "runtime").sort("start"), found
 
 
-def nvtx(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
+def nvtx(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, list[dict]]:
     if NVTX_TABLE not in src.tables():
-        return schema.empty("nvtx")
-    raw = src.read(NVTX_TABLE, ["start", "end", "eventType", "text", "textId", "domainId", "globalTid"], text=["text"])
+        return schema.empty("nvtx"), []
+    ints = ["start", "end", "eventType", "textId", "domainId", "globalTid"]
+    raw = src.read(NVTX_TABLE, ["start", "end", "eventType", "text", "textId", "domainId", "globalTid"],
+                   text=["text"], integers=ints)
+    raw, _, found = validate.split(raw, validate.interval_checks(end_may_be_null=True), "nvtx")
     raw = _resolve(raw, strings, "textId", "registered_text")
     raw = raw.with_columns(
         pl.coalesce("text", "registered_text").alias("text"),
@@ -95,14 +125,15 @@ def nvtx(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
         )
         .rename({"eventType": "event_type", "globalTid": "global_tid"})
     )
-    return _cast(frame, "nvtx").sort("start")
+    return _cast(frame, "nvtx").sort("start"), found
 
 
 def graph_nodes(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
     table = next((t for t in GRAPH_TABLES if t in src.tables()), None)
     if table is None:
         return schema.empty("graph_nodes")
-    raw = src.read(table, ["start", "globalTid", "graphNodeId", "originalGraphNodeId", "nameId"])
+    cols = ["start", "globalTid", "graphNodeId", "originalGraphNodeId", "nameId"]
+    raw = src.read(table, cols, integers=cols)
     frame = _resolve(raw, strings, "nameId", "event").rename(
         {"globalTid": "global_tid", "graphNodeId": "graph_node_id", "originalGraphNodeId": "original_graph_node_id"}
     )
@@ -112,7 +143,8 @@ def graph_nodes(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
 def sync(src: TableSource) -> pl.DataFrame:
     if SYNC_TABLE not in src.tables():
         return schema.empty("sync")
-    raw = src.read(SYNC_TABLE, ["start", "end", "globalPid", "streamId", "correlationId", "syncType"])
+    cols = ["start", "end", "globalPid", "streamId", "correlationId", "syncType"]
+    raw = src.read(SYNC_TABLE, cols, integers=cols)
     frame = raw.rename({"globalPid": "global_pid", "streamId": "stream_id",
                         "correlationId": "correlation_id", "syncType": "sync_type"})
     return _cast(frame, "sync").sort("start")
@@ -121,14 +153,15 @@ def sync(src: TableSource) -> pl.DataFrame:
 def gpus(src: TableSource) -> pl.DataFrame:
     if "TARGET_INFO_GPU" not in src.tables():
         return schema.empty("gpus")
-    raw = src.read("TARGET_INFO_GPU", ["id", "name", "smCount"], text=["name"])
+    raw = src.read("TARGET_INFO_GPU", ["id", "name", "smCount"], text=["name"], integers=["id", "smCount"])
     return _cast(raw.rename({"id": "device_id", "smCount": "sm_count"}), "gpus")
 
 
 def streams(src: TableSource) -> pl.DataFrame:
     if "TARGET_INFO_CUDA_STREAM" not in src.tables():
         return schema.empty("streams")
-    raw = src.read("TARGET_INFO_CUDA_STREAM", ["streamId", "processId", "priority"])
+    cols = ["streamId", "processId", "priority"]
+    raw = src.read("TARGET_INFO_CUDA_STREAM", cols, integers=cols)
     return _cast(raw.rename({"streamId": "stream_id", "processId": "pid"}), "streams")
 
 
@@ -137,7 +170,7 @@ def export_metadata(src: TableSource) -> dict[str, str]:
     table = next((t for t in META_TABLES if t in src.tables()), None)
     if table is None:
         return {}
-    rows = src.read(table, ["name", "value"], text=["name", "value"])
+    rows = src.read(table, ["name", "value"], text=["name", "value"]).select("name", "value")
     keep = ("EXPORT_PRODUCT_VERSION", "EXPORT_SCHEMA_VERSION")
     return {n: v for n, v in rows.iter_rows() if n in keep and v is not None}
 
@@ -157,15 +190,27 @@ def check_is_export(src: TableSource, label: str) -> None:
 
 
 def normalise(src: TableSource, label: str) -> dict[str, pl.DataFrame]:
-    """Every normalised table of one report, keyed as in `schema.TABLES`."""
+    """Every normalised table of one report, keyed as in `schema.TABLES`, plus `findings`
+    (what validation excluded or cut) and `rejected_kernels` (the excluded kernel rows)."""
     check_is_export(src, label)
-    strings = _strings(src)
+    validate.check_columns(src, label, validate.schema_version(export_metadata(src)))
+    strings, found = _strings(src)
+    kernel_frame, rejected, k_found = kernels(src, strings)
+    if kernel_frame.is_empty() and not rejected.is_empty():
+        issues = ", ".join(f"{n} {issue}" for issue, n in rejected.group_by("issue").len().sort("len", descending=True)
+                           .iter_rows())
+        raise ReportError(f"{label}: none of its {rejected.height} kernel records is usable ({issues})",
+                          "export the report again with `nsys export -t sqlite`; the export is damaged")
+    runtime_frame, r_found = runtime(src, strings)
+    nvtx_frame, n_found = nvtx(src, strings)
     return {
-        "kernels": kernels(src, strings),
-        "runtime": runtime(src, strings),
-        "nvtx": nvtx(src, strings),
+        "kernels": kernel_frame,
+        "runtime": runtime_frame,
+        "nvtx": nvtx_frame,
         "graph_nodes": graph_nodes(src, strings),
         "sync": sync(src),
         "gpus": gpus(src),
         "streams": streams(src),
+        "findings": validate.findings_frame(found + k_found + r_found + n_found),
+        "rejected_kernels": rejected,
     }

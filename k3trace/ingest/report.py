@@ -4,7 +4,11 @@ torch.profiler (Kineto) JSON trace, or any of those files gzip/xz/bz2-compressed
 Nothing is ever written beside the input: conversions (nsys export, QdstrmImporter,
 decompression) happen in a private work folder, and the normalised frames are cached as
 Parquet under the cache directory, keyed on the input's path, size, mtime and the schema
-version. Every cache write is atomic (write to a temporary folder, then rename).
+version. Every cache write is atomic and every entry checked on read (cachefs.py).
+
+Inputs are untrusted: only regular files and folders are opened (a FIFO or a device would
+block), and decompression is streamed and capped (`Limits`) before anything is written in
+full, so a small archive of zeros is refused early instead of filling the disk.
 """
 
 from __future__ import annotations
@@ -12,13 +16,12 @@ from __future__ import annotations
 import bz2
 import gzip
 import hashlib
-import json
 import lzma
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,7 +29,7 @@ from typing import Callable
 import polars as pl
 
 from k3trace.errors import ReportError
-from k3trace.ingest import kineto, normalize, schema
+from k3trace.ingest import cachefs, kineto, normalize, schema
 from k3trace.ingest.tables import ParquetDirTables, SqliteTables
 
 Progress = Callable[[str], None]
@@ -49,10 +52,23 @@ class Trace:
     source: str                      # the input's file name (never a full path)
     form: str                        # sqlite | parquetdir | nsys-rep | qdstrm | kineto (+compressed)
     export: dict[str, str] = field(default_factory=dict)
+    findings: pl.DataFrame = field(default_factory=lambda: schema.empty("findings"))    # schema.FINDINGS
+    rejected_kernels: pl.DataFrame = field(default_factory=lambda: schema.empty("rejected_kernels"))
 
     @property
     def nsys_version(self) -> str:
         return self.export.get("EXPORT_PRODUCT_VERSION", "unknown")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on what reading one report may cost (configurable: `[input]` in the config)."""
+
+    max_decompressed_bytes: int = 64 << 30
+    #: Output / input size of a compressed report, checked once the output passes
+    #: `ratio_after_bytes` (nsys SQLite exports compress about 10x with xz).
+    max_ratio: float = 200.0
+    ratio_after_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -76,48 +92,74 @@ def _no_progress(_: str) -> None:
 
 
 def load_report(
-    path: Path, *, cache_dir: Path | None = None, tools: Tools = Tools(), progress: Progress = _no_progress
+    path: Path, *, cache_dir: Path | None = None, tools: Tools = Tools(), progress: Progress = _no_progress,
+    limits: Limits = Limits(),
 ) -> Trace:
     path = Path(path)
-    if not path.exists():
-        raise ReportError(f"{path.name}: no such file or folder", "check the path of the report")
+    check_readable(path)
     key = report_key(path)
     if cache_dir is not None:
         cached = _read_cache(cache_dir, key)
         if cached is not None:
             progress("cache hit")
             return cached
-    with tempfile.TemporaryDirectory(prefix="k3trace-", dir=_work_root(cache_dir)) as work:
-        trace = _convert(path, Path(work), tools, progress)
+    with work_folder(cache_dir) as work:
+        trace = _convert(path, work, tools, progress, limits)
     if cache_dir is not None:
         progress("writing cache")
         _write_cache(cache_dir, key, trace)
     return trace
 
 
-def _work_root(cache_dir: Path | None) -> str | None:
-    if cache_dir is None:
-        return None
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    return str(cache_dir)
+def check_readable(path: Path, what: str = "report") -> None:
+    """A regular file or a folder, else ReportError (checked without opening it: a FIFO
+    would block the open)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ReportError(f"{path.name}: no such file or folder", f"check the path of the {what}") from None
+    except OSError as exc:
+        raise ReportError(f"{path.name}: cannot be read ({exc.strerror})", f"check the path of the {what}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise ReportError(f"{path.name} is {kind}, not a file", f"pass the {what} as a regular file")
 
 
-def _convert(path: Path, work: Path, tools: Tools, progress: Progress) -> Trace:
+class work_folder:
+    """A private folder for conversions: under the cache directory when there is one (large
+    exports land on its disk, and a killed run's leftovers are cleaned from there), else in
+    the system's temporary folder. Removed on every exit path."""
+
+    def __init__(self, cache_dir: Path | None) -> None:
+        self.root = cache_dir if cache_dir is not None and cache_dir.is_dir() else Path(tempfile.gettempdir())
+
+    def __enter__(self) -> Path:
+        cachefs.clean_leftovers(self.root)
+        self.path = Path(tempfile.mkdtemp(prefix=cachefs.temp_name(".work-") + "-", dir=self.root))
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _convert(path: Path, work: Path, tools: Tools, progress: Progress, limits: Limits) -> Trace:
     if kineto.looks_like_json(path):  # by content: Kineto traces come as .json, .json.gz, .pt.trace.json...
         progress("reading torch.profiler trace")
         frames, export, form = kineto.load(path)
         return Trace(**frames, source=path.name, form=form, export=export)
-    readable, form = materialise(path, work, tools, progress)
+    readable, form = materialise(path, work, tools, progress, limits)
     progress("reading parquetdir" if readable.is_dir() else "reading SQLite")
     tables = ParquetDirTables(readable) if readable.is_dir() else SqliteTables(readable)
     frames = normalize.normalise(tables, path.name)
     return Trace(**frames, source=path.name, form=form, export=normalize.export_metadata(tables))
 
 
-def materialise(path: Path, work: Path, tools: Tools, progress: Progress = _no_progress) -> tuple[Path, str]:
+def materialise(path: Path, work: Path, tools: Tools, progress: Progress = _no_progress,
+                limits: Limits = Limits()) -> tuple[Path, str]:
     """A readable export of any report form: the SQLite file or parquetdir folder itself,
     or a conversion made inside `work` (never beside the input). Returns (path, form)."""
     label = path.name
+    check_readable(path)
     if path.is_dir():
         if not (path / "StringIds.parquet").exists():
             raise ReportError(
@@ -131,13 +173,9 @@ def materialise(path: Path, work: Path, tools: Tools, progress: Progress = _no_p
     for magic, opener in _COMPRESSED.items():
         if head.startswith(magic):
             progress("decompressing")
-            inner = work / path.stem
-            try:
-                with opener(path, "rb") as src, open(inner, "wb") as dst:
-                    shutil.copyfileobj(src, dst, length=1 << 22)
-            except (OSError, EOFError, lzma.LZMAError) as exc:
-                raise ReportError(f"{label}: cannot decompress ({exc})", "the file is truncated; copy it again") from None
-            readable, form = materialise(inner, work, tools, progress)
+            inner = work / (path.stem or "report")
+            _decompress(path, inner, opener, limits)
+            readable, form = materialise(inner, work, tools, progress, limits)
             return readable, "compressed " + form
     suffix = path.suffix.lower()
     if suffix in (".nsys-rep", ".qdrep"):
@@ -168,6 +206,36 @@ def materialise(path: Path, work: Path, tools: Tools, progress: Progress = _no_p
 def _head(path: Path) -> bytes:
     with open(path, "rb") as fh:
         return fh.read(16)
+
+
+def _decompress(path: Path, inner: Path, opener, limits: Limits) -> None:
+    """Stream `path` into `inner`, refusing early: output that is no report form (its first
+    bytes), output past the size cap, or a ratio past the cap once the output is large."""
+    label = path.name
+    packed = max(path.stat().st_size, 1)
+    written = 0
+    try:
+        with opener(path, "rb") as src, open(inner, "wb") as dst:
+            first = True
+            while block := src.read(1 << 22):
+                if first:
+                    first = False
+                    opaque = inner.suffix.lower() in (".nsys-rep", ".qdrep", ".qdstrm")
+                    if not opaque and not block.startswith((_SQLITE_MAGIC, *_COMPRESSED)):
+                        raise ReportError(f"{label} decompresses to something that is not a report",
+                                          "pass a compressed SQLite export, .nsys-rep or .qdstrm")
+                written += len(block)
+                if written > limits.max_decompressed_bytes:
+                    raise ReportError(
+                        f"{label} decompresses to more than {limits.max_decompressed_bytes / 2**30:.3g} GiB",
+                        "decompress it yourself if it is genuine, or raise [input] max_decompressed_gib in a --config file")
+                if written > limits.ratio_after_bytes and written / packed > limits.max_ratio:
+                    raise ReportError(
+                        f"{label} expands more than {limits.max_ratio:g} times (a decompression bomb?)",
+                        "decompress it yourself if it is genuine, or raise [input] max_compression_ratio in a --config file")
+                dst.write(block)
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise ReportError(f"{label}: cannot decompress ({exc})", "the file is truncated; copy it again") from None
 
 
 def _export_sqlite(rep: Path, work: Path, tools: Tools, progress: Progress) -> Path:
@@ -204,33 +272,36 @@ def report_key(path: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:24]
 
 
+#: Trace cache entry layout version (with schema.SCHEMA_VERSION in the key).
+CACHE_FORMAT = 2
+
+
+def _frames() -> dict[str, pl.Schema]:
+    return {**schema.TABLES, **schema.EXTRA}
+
+
 def _read_cache(cache_dir: Path, key: str) -> Trace | None:
     folder = cache_dir / "traces" / key
-    meta_file = folder / "meta.json"
-    if not meta_file.exists():
+    entry = cachefs.read_entry(folder, CACHE_FORMAT)
+    if entry is None:
         return None
     try:
-        meta = json.loads(meta_file.read_text())
-        frames = {name: pl.read_parquet(folder / f"{name}.parquet") for name in schema.TABLES}
-    except (OSError, ValueError, pl.exceptions.PolarsError):
-        return None  # a damaged entry is rebuilt, never trusted
-    return Trace(**frames, source=meta["source"], form=meta["form"], export=meta["export"])
+        meta = entry["meta"]
+        frames = {name: pl.read_parquet(folder / f"{name}.parquet") for name in _frames()}
+        if any(frames[name].schema != want for name, want in _frames().items()):
+            raise ValueError("schema changed")
+        trace = Trace(**frames, source=str(meta["source"]), form=str(meta["form"]),
+                      export={str(k): str(v) for k, v in dict(meta["export"]).items()})
+    except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError):
+        cachefs.discard(folder)  # a damaged entry is rebuilt, never trusted
+        return None
+    return trace
 
 
 def _write_cache(cache_dir: Path, key: str, trace: Trace) -> None:
-    root = cache_dir / "traces"
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        for name in schema.TABLES:
-            getattr(trace, name).write_parquet(tmp / f"{name}.parquet", compression="lz4", statistics=False)
-        meta = {"source": trace.source, "form": trace.form, "export": trace.export}
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        try:
-            os.rename(tmp, root / key)
-        except OSError:
-            pass  # another process cached the same report first: keep theirs
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    def parquet(frame: pl.DataFrame):
+        return lambda path: frame.write_parquet(path, compression="lz4", statistics=False)
+
+    writers = {f"{name}.parquet": parquet(getattr(trace, name)) for name in _frames()}
+    meta = {"source": trace.source, "form": trace.form, "export": trace.export}
+    cachefs.write_entry(cache_dir / "traces" / key, writers, meta, CACHE_FORMAT)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: One row per kernel execution (CUPTI_ACTIVITY_KIND_KERNEL).
 KERNELS = pl.Schema(
@@ -83,6 +83,16 @@ GPUS = pl.Schema({"device_id": pl.Int32, "name": pl.String, "sm_count": pl.Int32
 #: Streams (TARGET_INFO_CUDA_STREAM).
 STREAMS = pl.Schema({"stream_id": pl.Int64, "pid": pl.Int64, "priority": pl.Int64})
 
+#: What ingest found wrong with the rows of a report (validate.py): rows excluded from the
+#: tables above, or values cut (`excluded` false), with the table's row count.
+FINDINGS = pl.Schema({"table": pl.String, "issue": pl.String, "rows": pl.Int64, "total": pl.Int64,
+                      "excluded": pl.Boolean})
+
+#: Kernel rows excluded at ingest, with what is left of their identity (any column may be
+#: null): where the analysis looks up which steps lost them.
+REJECTED_KERNELS = pl.Schema({"global_pid": pl.Int64, "correlation_id": pl.Int64, "graph_node_id": pl.Int64,
+                              "start": pl.Int64, "issue": pl.String})
+
 TABLES: dict[str, pl.Schema] = {
     "kernels": KERNELS,
     "runtime": RUNTIME,
@@ -120,5 +130,9 @@ def with_kernel_signature(distinct: pl.DataFrame) -> pl.DataFrame:
     return distinct.with_columns(pl.Series("signature", digests, dtype=pl.Int64))
 
 
+#: Frames a Trace carries besides TABLES (cached with them).
+EXTRA: dict[str, pl.Schema] = {"findings": FINDINGS, "rejected_kernels": REJECTED_KERNELS}
+
+
 def empty(table: str) -> pl.DataFrame:
-    return pl.DataFrame(schema=TABLES[table])
+    return pl.DataFrame(schema={**TABLES, **EXTRA}[table])

@@ -5,6 +5,12 @@ SQLite is read through ADBC (Arrow-native, no Python row loop), opened read-only
 are fetched as BLOBs: nsys writes whatever bytes the profiled program gave it (a 2022
 export here carries a Latin-1 user name), and ADBC would otherwise hand back invalid
 UTF-8 inside an Arrow string array.
+
+Every read is bounded and typed the same way in both forms: a text value longer than
+`MAX_TEXT_BYTES` comes back cut there (a 64 MB kernel name must not take the machine's
+memory), and a value of an integer column that is not an integer (a hand-edited or
+damaged export) comes back null, with `WRONG_TYPE` / `TRUNCATED` counting them per row so
+ingest can exclude and report the rows.
 """
 
 from __future__ import annotations
@@ -19,14 +25,22 @@ import polars as pl
 
 from k3trace.errors import ReportError
 
+#: Text values are cut at this many bytes (names of 4 KiB are already far past any real one).
+MAX_TEXT_BYTES = 4096
+#: Per-row counts added by `read`: integer columns holding something else, text values cut.
+WRONG_TYPE, TRUNCATED = "_wrong_type", "_truncated"
+
 
 class TableSource(Protocol):
     def tables(self) -> frozenset[str]: ...
 
     def columns(self, table: str) -> frozenset[str]: ...
 
-    def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = ()) -> pl.DataFrame:
-        """The named columns of `table`; missing ones come back as nulls, text decoded."""
+    def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
+             integers: Sequence[str] = ()) -> pl.DataFrame:
+        """The named columns of `table`; missing ones come back as nulls, text decoded and
+        cut at MAX_TEXT_BYTES (TRUNCATED counts cut values per row), `integers` columns as
+        Int64 with non-integer values nulled (WRONG_TYPE counts them per row)."""
         ...
 
 
@@ -66,19 +80,33 @@ class SqliteTables:
     def columns(self, table: str) -> frozenset[str]:
         return self._columns.get(table, frozenset())
 
-    def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = ()) -> pl.DataFrame:
-        import adbc_driver_sqlite.dbapi as adbc
-
-        present = self.columns(table)
-        select = []
+    @staticmethod
+    def _select(table: str, columns: Sequence[str], present: frozenset[str], text: Sequence[str],
+                integers: Sequence[str]) -> str:
+        select, wrong, cut = [], [], []
         for col in columns:
             if col not in present:
                 select.append(f'NULL AS "{col}"')
             elif col in text:
-                select.append(f'CAST("{col}" AS BLOB) AS "{col}"')
+                blob = f'CAST("{col}" AS BLOB)'
+                select.append(f'CASE WHEN length({blob}) > {MAX_TEXT_BYTES} THEN substr({blob}, 1, {MAX_TEXT_BYTES}) '
+                              f'ELSE {blob} END AS "{col}"')
+                cut.append(f'coalesce(length({blob}) > {MAX_TEXT_BYTES}, 0)')
+            elif col in integers:
+                # SQLite columns take any type: keep integers, count the rest per row.
+                select.append(f'CASE WHEN typeof("{col}") = \'integer\' THEN "{col}" END AS "{col}"')
+                wrong.append(f'(typeof("{col}") NOT IN (\'integer\', \'null\'))')
             else:
                 select.append(f'"{col}"')
-        query = f'SELECT {", ".join(select)} FROM "{table}"'
+        if integers:
+            select.append(f'({" + ".join(wrong) or "0"}) AS "{WRONG_TYPE}"')
+        if text:
+            select.append(f'({" + ".join(cut) or "0"}) AS "{TRUNCATED}"')
+        return f'SELECT {", ".join(select)} FROM "{table}"'
+
+    def _query(self, table: str, query: str) -> pl.DataFrame:
+        import adbc_driver_sqlite.dbapi as adbc
+
         try:
             with adbc.connect(self._uri) as con, con.cursor() as cur:
                 cur.execute(query)
@@ -89,7 +117,30 @@ class SqliteTables:
                 "the export is truncated or corrupt; export the report again",
             ) from None
         assert isinstance(frame, pl.DataFrame)
-        return frame.with_columns(decode_text(frame[c]) for c in text if c in frame.columns)
+        return frame
+
+    def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
+             integers: Sequence[str] = ()) -> pl.DataFrame:
+        present = self.columns(table)
+        frame = None
+        if integers:
+            # Fast path: ADBC types each column from its values and fails on a column whose
+            # values change type, so a read that comes back with integer columns holds no
+            # other value (checking typeof() per value in SQL costs 3x the read).
+            try:
+                frame = self._query(table, self._select(table, columns, present, text, ()))
+            except ReportError:
+                frame = None
+            if frame is not None and not all(frame.schema[c].is_integer() or frame.schema[c] == pl.Null
+                                             for c in integers if c in present):
+                frame = None
+            if frame is not None:
+                frame = frame.with_columns(pl.lit(0, pl.Int64).alias(WRONG_TYPE))
+        if frame is None:
+            frame = self._query(table, self._select(table, columns, present, text, integers))
+        assert isinstance(frame, pl.DataFrame)
+        frame = frame.with_columns(decode_text(frame[c]) for c in text if c in frame.columns)
+        return frame.with_columns(pl.col(c).cast(pl.Int64, strict=False) for c in integers if c in present)
 
 
 @dataclass
@@ -99,18 +150,53 @@ class ParquetDirTables:
     path: Path
 
     def __post_init__(self) -> None:
-        self._files = {p.stem: p for p in self.path.glob("*.parquet")}
+        # Regular files only: a FIFO or device named *.parquet would block the read.
+        self._files = {p.stem: p for p in self.path.glob("*.parquet") if p.is_file()}
 
     def tables(self) -> frozenset[str]:
         return frozenset(self._files)
 
+    def _failed(self, table: str, exc: Exception) -> ReportError:
+        return ReportError(
+            f"{self.path.name}: reading {table}.parquet failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+            "the parquetdir export is truncated or corrupt; export the report again",
+        )
+
     def columns(self, table: str) -> frozenset[str]:
         if table not in self._files:
             return frozenset()
-        return frozenset(pl.read_parquet_schema(self._files[table]))
+        try:
+            return frozenset(pl.read_parquet_schema(self._files[table]))
+        except Exception as exc:  # polars and pyarrow raise several types for a damaged file
+            raise self._failed(table, exc) from None
 
-    def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = ()) -> pl.DataFrame:
+    def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
+             integers: Sequence[str] = ()) -> pl.DataFrame:
         present = self.columns(table)
-        frame = pl.read_parquet(self._files[table], columns=[c for c in columns if c in present])
+        try:
+            frame = pl.read_parquet(self._files[table], columns=[c for c in columns if c in present])
+        except Exception as exc:
+            raise self._failed(table, exc) from None
         missing = [pl.lit(None).alias(c) for c in columns if c not in present]
-        return frame.with_columns(missing).select(columns) if missing else frame.select(columns)
+        frame = frame.with_columns(missing).select(columns) if missing else frame.select(columns)
+        out = []
+        wrong = pl.lit(0, pl.Int64)
+        for col in integers:
+            if col in present and frame.schema[col] not in (pl.Int64, pl.Int32, pl.Int16, pl.Int8, pl.UInt32,
+                                                              pl.UInt16, pl.UInt8, pl.Null):
+                as_int = pl.col(col).cast(pl.Int64, strict=False) if frame.schema[col].is_integer() else pl.lit(None, pl.Int64)
+                wrong = wrong + (pl.col(col).is_not_null() & as_int.is_null()).cast(pl.Int64)
+                out.append(as_int.alias(col))
+        if integers:
+            frame = frame.with_columns(wrong.alias(WRONG_TYPE)).with_columns(out)
+        if text:
+            cut = pl.lit(0, pl.Int64)
+            fixed = []
+            for col in (c for c in text if c in present):
+                raw = frame[col] if frame.schema[col] == pl.Binary else frame[col].cast(pl.String).cast(pl.Binary)
+                long = raw.bin.size() > MAX_TEXT_BYTES
+                cut = cut + pl.Series(long).fill_null(False).cast(pl.Int64)
+                fixed.append(decode_text(pl.select(pl.when(long).then(raw.bin.slice(0, MAX_TEXT_BYTES))
+                                                   .otherwise(raw)).to_series().alias(col)))
+            frame = frame.with_columns(*fixed, cut.alias(TRUNCATED))
+        return frame

@@ -4,6 +4,7 @@ renders without a network connection. All figures come from render/figures.py.""
 from __future__ import annotations
 
 import html
+import os
 from pathlib import Path
 
 from k3trace.render import figures
@@ -50,7 +51,12 @@ def diff_page(d) -> str:
 
 
 def write_diff_page(d, path: Path) -> None:
+    """Write the page atomically; the temporary file is removed on every exit path."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(diff_page(d), encoding="utf-8")
-    tmp.replace(path)
+    page = diff_page(d)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -8,6 +8,12 @@ from rich.table import Table
 from rich.text import Text
 
 from k3trace.analyses import Analysis
+from k3trace.errors import printable
+
+
+def _name(value: str | None) -> Text:
+    """A name from the trace, shown as is: control characters escaped, no markup."""
+    return Text(printable("-" if value is None else str(value)))
 
 
 def _us(value: float | None, digits: int = 1) -> str:
@@ -29,7 +35,7 @@ def steps_panel(a: Analysis) -> RenderableType:
         t.add_row(label, *(_us(q[key][c], 2) for c in ("median", "p90", "p99")))
     dropped = ", ".join(f"{n} {r}" for r, n in sorted(a.dropped.items())) or "none"
     head = Text.assemble(
-        (f"{a.report}", "bold"), f"  nsys {a.nsys_version}\n",
+        (printable(a.report), "bold"), f"  nsys {printable(a.nsys_version)}\n",
         f"{a.stable_steps} stable steps of {a.steps.height} (source: {a.step_source}; dropped: {dropped}; "
         f"k = {a.config.mad_k:g} MAD), {int(a.steps['kernels_expected'][0])} kernels per step",
     )
@@ -43,7 +49,7 @@ def family_table(a: Analysis) -> RenderableType:
                       ("critical us", "right")):
         t.add_column(col, justify=just)
     for r in a.families.iter_rows(named=True):
-        t.add_row(r["family"], f"{r['segments_per_step']:g}", _us(r["device_busy_us"]),
+        t.add_row(_name(r["family"]), f"{r['segments_per_step']:g}", _us(r["device_busy_us"]),
                   _us(r["two_stream_residency_us"]), _share(r["share_of_busy"]), _us(r["exposed_us"]),
                   _us(r["critical_us"]))
     return t
@@ -55,7 +61,8 @@ def kernel_table(a: Analysis, top: int = 15) -> RenderableType:
                       ("median us", "right"), ("busy us/step", "right"), ("hidden", "right")):
         t.add_column(col, justify=just, overflow="ellipsis", max_width=48 if col == "kernel" else None)
     for r in a.kernel_table.head(top).iter_rows(named=True):
-        t.add_row(r["name"], r["family"], f"{r['calls_per_step']:g}", _us(r["mean_us"], 2), _us(r["median_us"], 2),
+        t.add_row(_name(r["name"]), _name(r["family"]), f"{r['calls_per_step']:g}", _us(r["mean_us"], 2),
+                  _us(r["median_us"], 2),
                   _us(r["busy_per_step_us"]), _share(r["hidden_share"]))
     return t
 
@@ -76,15 +83,16 @@ def details(a: Analysis) -> RenderableType:
                  f"({c['bubble_us_median']:.1f} us), {c['pdl_edges_on_path_median']:g} PDL edges on it")
     lines.append("labels: " + ", ".join(f"{s} {n}" for s, n in a.label_sources.items()))
     lines.extend(f"note: {n}" for n in a.notes)
-    return Text("\n".join(lines))
+    return Text("\n".join(printable(line) for line in lines))
 
 
 def completeness(a: Analysis) -> RenderableType:
+    caveats = [Text(f"caveat: {printable(c)}", style="yellow") for c in a.completeness.caveats]
     if a.completeness.ok:
-        return Text("capture complete: every step holds the dominant step's kernels, every launch has a GPU record",
-                    style="green")
-    return Panel(Text("\n".join(f"- {p}" for p in a.completeness.problems)), title="INCOMPLETE CAPTURE",
-                 border_style="red", expand=False)
+        return Group(Text("capture complete: every step holds the dominant step's kernels, every launch has a GPU "
+                          "record", style="green"), *caveats)
+    return Group(Panel(Text("\n".join(f"- {printable(p)}" for p in a.completeness.problems)),
+                       title="INCOMPLETE CAPTURE", border_style="red", expand=False), *caveats)
 
 
 def render_analysis(a: Analysis) -> RenderableType:
