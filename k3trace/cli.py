@@ -357,6 +357,42 @@ def record_cmd(
         run_analyze(AnalyzeOptions(report, False, load_config(None), env))
 
 
+@app.command("whatif")
+def whatif_cmd(
+    report: Path = typer.Argument(..., help="The build to predict from."),
+    scale: list[str] = typer.Option(None, "--scale", help="PATTERN=FACTOR: durations x factor (0.7: 30% faster)."),
+    delta: list[str] = typer.Option(None, "--delta", help="PATTERN=TIME: durations + time, e.g. '+1.2us'."),
+    fuse: list[str] = typer.Option(None, "--fuse", help="A,B,...=TIME: consecutive kernels become one of TIME."),
+    remove: list[str] = typer.Option(None, "--remove", help="PATTERN: the kernels take no time."),
+    no_pdl: bool = typer.Option(False, "--no-pdl", help="PDL edges become plain launch gaps."),
+    pdl: list[str] = typer.Option(None, "--pdl", help="PATTERN: the kernels' same-stream edges become PDL."),
+    family: Optional[str] = typer.Option(None, "--family", help="Only kernels of this family."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Only these layers: 4, 4,8 or 1..7."),
+    stream: Optional[str] = typer.Option(None, "--stream", help="Only kernels on the main or a side stream."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    config: Optional[Path] = ConfigOpt,
+    cache_dir: Optional[Path] = CacheDir,
+    no_cache: bool = NoCache,
+) -> None:
+    """The step time a kernel change would buy, predicted on this build's step graph."""
+    from k3trace.analyses import whatif
+    from k3trace.render.terminal import render_whatif
+
+    with one_line_errors():
+        scope = {"family": family, "layers": whatif.parse_layers(layers), "stream": stream}
+        changes = [whatif.parse_change(kind, spec, **scope) for kind, specs in (
+            (whatif.SCALE, scale), (whatif.DELTA, delta), (whatif.FUSE, fuse), (whatif.REMOVE, remove),
+            (whatif.PDL, pdl)) for spec in specs or ()]
+        if no_pdl:
+            changes.append(whatif.Change(whatif.NO_PDL, (), 0.0, family, scope["layers"], stream))
+        result = whatif.what_if(analysis_of(report, load_config(config), Environment.resolve(cache_dir, no_cache)),
+                                changes)
+        if json_out:
+            sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        else:
+            _stdout().print(render_whatif(result))
+
+
 @app.command("demo")
 def demo_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Also write the diff's HTML report here."),

@@ -111,21 +111,22 @@ def build(path: pl.DataFrame) -> StepGraph:
     )
 
 
-def replay(g: StepGraph, duration: np.ndarray | None = None, lags: np.ndarray | None = None
-           ) -> tuple[np.ndarray, np.ndarray]:
+def replay(g: StepGraph, duration: np.ndarray | None = None, lags: np.ndarray | None = None,
+           launch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every node, for one or many variants at once.
 
-    `duration` may be [variants, n] and `lags` [variants, n, SLOTS]; the pass is sequential
-    over nodes in topological order and vectorised over variants.
+    `duration` may be [variants, n], `lags` [variants, n, SLOTS] and `launch` (each node's
+    CPU release, default the graph's) [variants, n]; the pass is sequential over nodes in
+    topological order and vectorised over variants.
     """
     dur = g.duration if duration is None else duration
     lag = g.lags if lags is None else lags
-    batch = np.broadcast_shapes(dur.shape[:-1], lag.shape[:-2])
+    release = (g.launch_at + g.launch_lag) if launch is None else launch
+    batch = np.broadcast_shapes(dur.shape[:-1], lag.shape[:-2], release.shape[:-1])
     start = np.zeros((*batch, g.size))
     end = np.zeros((*batch, g.size))
-    launch = g.launch_at + g.launch_lag
     for i in g.order:
-        t = np.full(batch, launch[i])
+        t = np.broadcast_to(release[..., i], batch).copy()
         for slot in range(SLOTS):
             p = g.preds[i, slot]
             if p >= 0:
@@ -133,6 +134,26 @@ def replay(g: StepGraph, duration: np.ndarray | None = None, lags: np.ndarray | 
         start[..., i] = t
         end[..., i] = t + dur[..., i]
     return start, end
+
+
+def on_path(g: StepGraph, start: np.ndarray, end: np.ndarray, lags: np.ndarray | None = None,
+            launch: np.ndarray | None = None, present: np.ndarray | None = None) -> np.ndarray:
+    """The replayed critical path of one variant (1-d start/end): walk back from the
+    last-ending node through whichever input released each node."""
+    lag = g.lags if lags is None else lags
+    release = (g.launch_at + g.launch_lag) if launch is None else launch
+    ends = end if present is None else np.where(present, end, -np.inf)
+    path = np.zeros(g.size, dtype=bool)
+    i = int(np.argmax(ends))
+    while i >= 0 and not path[i]:
+        path[i] = True
+        nxt, best = -1, release[i]
+        for slot in range(SLOTS):
+            p = g.preds[i, slot]
+            if p >= 0 and end[p] + lag[i, slot] >= best - 1e-6:
+                nxt, best = int(p), end[p] + lag[i, slot]
+        i = nxt
+    return path
 
 
 def span(start: np.ndarray, end: np.ndarray, present: np.ndarray | None = None) -> np.ndarray:

@@ -202,6 +202,44 @@ def diff_markdown(d, top: int = 10) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- what-if ---------------------------------------------------------------------------------
+
+def render_whatif(w) -> RenderableType:
+    head = Text.assemble(
+        ("what if: ", "bold"), "; ".join(c.describe() for c in w.changes), f"  ({w.kernels_changed} kernels per step)\n",
+        ("predicted step span change ", "bold"),
+        (f"{_signed(w.delta_us)} us", f"bold {'green' if w.delta_us < 0 else 'red' if w.delta_us > 0 else 'yellow'}"),
+        f" (median over {w.steps} stable steps; p10 {_signed(w.delta_p10_us)}, p90 {_signed(w.delta_p90_us)}; "
+        f"+-{w.uncertainty_us:.2f} us 95% interval of the median)\n",
+        f"span {w.base_span_us:,.2f} -> {w.base_span_us + w.delta_us:,.2f} us",
+    )
+    for n in w.notes:
+        head.append(f"\nnote: {n}", style="yellow")
+    parts: list[RenderableType] = [Panel(head, title=f"k3trace whatif {w.report}", expand=False)]
+    if w.slack.height:
+        t = Table(title="the change and the slack it used up (mean step)")
+        for col in ("kernel", "family", "added us", "slack us", "slack used us"):
+            t.add_column(col, justify="left" if col in ("kernel", "family") else "right")
+        for r in w.slack.iter_rows(named=True):
+            t.add_row(r["name"], r["family"], _signed(r["added_us"]), _us(r["slack_us"], 2), _us(r["slack_used_us"], 2))
+        parts.append(t)
+    if w.critical.height:
+        t = Table(title="kernels whose time on the critical path changes (mean step, top 10)")
+        for col in ("kernel", "family", "before us", "after us", "change us"):
+            t.add_column(col, justify="left" if col in ("kernel", "family") else "right")
+        for r in w.critical.head(10).iter_rows(named=True):
+            t.add_row(r["name"], r["family"], _us(r["critical_us_before"], 2), _us(r["critical_us_after"], 2),
+                      _signed(r["change_us"]))
+        parts.append(t)
+    t = Table(title="top opportunities: step time gained if every call of the kernel ran 2x faster")
+    for col in ("kernel", "family", "calls/step", "gain us"):
+        t.add_column(col, justify="left" if col in ("kernel", "family") else "right")
+    for r in w.opportunities.iter_rows(named=True):
+        t.add_row(r["name"], r["family"], _us(r["calls_per_step"], 0), _us(r["gain_us_if_2x_faster"], 2))
+    parts.append(t)
+    return Group(*parts)
+
+
 # -- several ranks ------------------------------------------------------------------------
 
 def render_ranks(r) -> RenderableType:

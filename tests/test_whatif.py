@@ -1,0 +1,131 @@
+"""What-if predictions from the old build alone, checked against the new build's measured
+span on real A/B pairs recorded on the H200. The change each prediction is given comes from
+what an engineer knows before writing it: an injected delay's length (the recording
+scripts), a fused kernel's standalone time (kernels/hf_llama.py --microbench), or a
+replacement kernel's time (taken from the new build's own rows by tests/reference.py, never
+from the code under test). Goal: within max(5% of the measured delta, the noise band) for
+duration changes and delays, 15% for fusions.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from k3trace.analyses import stepgraph
+from k3trace.analyses.whatif import NO_PDL, Change, parse_change, parse_layers, parse_time_ns, step_model, what_if
+from k3trace.diff import diff
+from k3trace.errors import ReportError
+
+import reference  # tests/reference.py (pytest puts tests/ on sys.path)
+
+HF_RMSNORM_FUSED_US = 2.61   # kernels/hf_llama.py --microbench on the H200, per call
+HF_RMSNORM = ("unrolled_elementwise,vectorized_elementwise,reduce_kernel,vectorized_elementwise,"
+              "vectorized_elementwise,^elementwise_kernel$,vectorized_elementwise,vectorized_elementwise")
+
+
+def mean_call_us(trace, names) -> float:
+    """Mean duration of one call of the named kernels over stable steps (raw rows)."""
+    r = reference.compute(trace)
+    durs = [k.dur for s in r.stable for k in s.kernels if k.name in names]
+    return statistics.mean(durs) / 1e3
+
+
+def check(w, d, share):
+    tolerance = max(share * abs(d.span_delta_us), d.span_noise_band_us)
+    assert abs(w.delta_us - d.span_delta_us) <= tolerance, (w.delta_us, d.span_delta_us, tolerance)
+
+
+def test_an_unchanged_step_replays_exactly(analysis):
+    for name in ("k3_bs1_base_a", "hf_mlp_side_stream_a", "small_inside_d"):
+        m = step_model(analysis(name))
+        start, end = stepgraph.replay(m.graph, m.duration, m.lags, m.launch)
+        assert stepgraph.span(start, end) == pytest.approx(m.span, abs=1e-6)
+
+
+@pytest.mark.parametrize("old, new, spec, share", [
+    ("k3_bs1_base_a", "k3_bs1_delay_kda_step", "^kda_step_kernel$=+3us", 0.05),           # delay:...:3000
+    ("small_inside_a", "small_delay_kda_step", "^kda_step_kernel$=+4us", 0.05),          # --delay-ns 4000
+    ("small_inside_a", "small_delay_gate", "^kda_gate_kernel$=+3us", 0.05),              # --delay-ns 3000
+])
+def test_delays_on_the_critical_path(analysis, old, new, spec, share):
+    w = what_if(analysis(old), [parse_change("delta", spec)])
+    check(w, diff([analysis(old)], [analysis(new)]), share)
+
+
+def test_a_side_stream_delay_within_its_slack_moves_nothing(analysis):
+    # kda_conv_silu_kernel runs on the aux stream with ~17 us of slack per call.
+    old = analysis("small_inside_d")
+    w = what_if(old, [parse_change("delta", "^kda_conv_silu_kernel$=+8us")])
+    assert w.delta_us == pytest.approx(0.0, abs=0.05)
+    assert w.slack["slack_used_us"][0] == pytest.approx(w.slack["added_us"][0])
+    check(w, diff([old], [analysis("small_delay_conv_8us")]), 0.05)
+
+
+def test_a_side_stream_delay_past_its_slack_moves_the_step_by_the_excess(analysis):
+    old = analysis("small_inside_d")
+    w = what_if(old, [parse_change("delta", "^kda_conv_silu_kernel$=+25us")])
+    d = diff([old], [analysis("small_delay_conv_25us")])
+    added = 6 * 25.0
+    assert 0.2 * added < w.delta_us < 0.5 * added  # partial: the slack absorbs the rest
+    assert w.slack["slack_used_us"][0] < w.slack["added_us"][0] == pytest.approx(added)
+    check(w, d, 0.05)
+    assert "kda_conv_silu_kernel" in w.critical.filter(w.critical["change_us"] > 0)["name"].to_list()
+
+
+def test_replacing_a_kernel_by_a_faster_one(analysis, trace_sqlite):
+    # The CuTe DSL KDA step: the time of one call as the new build's rows show it.
+    old, new = "k3_bs1_base_a", "k3_bs1_kda_cute"
+    cute = {k.name for k in reference.compute(trace_sqlite(new)).stable[0].kernels if k.name.startswith("kernel_cutlass")}
+    delta = mean_call_us(trace_sqlite(new), cute) - mean_call_us(trace_sqlite(old), {"kda_step_kernel"})
+    w = what_if(analysis(old), [parse_change("delta", f"^kda_step_kernel$={delta:+.4f}us")])
+    check(w, diff([analysis(old)], [analysis(new)]), 0.05)
+
+
+def test_fusing_transformers_rmsnorm(analysis):
+    # Eight eager kernels per RMSNorm fused into one of its standalone time, 17 norms a step.
+    w = what_if(analysis("hf_base_a"), [parse_change("fuse", f"{HF_RMSNORM}={HF_RMSNORM_FUSED_US}us")])
+    assert w.kernels_changed == 17 * 8
+    check(w, diff([analysis("hf_base_a")], [analysis("hf_norm_fused_a")]), 0.15)
+
+
+def test_fusing_the_kda_norm_into_the_step(analysis, trace_sqlite):
+    # kda_norm_separate -> baseline: step + gated norm fused, at the fused kernel's time per call.
+    old, new = "k3_bs1_kda_norm_separate", "k3_bs1_base_a"
+    fused = mean_call_us(trace_sqlite(new), {"kda_step_kernel"})
+    w = what_if(analysis(old), [parse_change("fuse", f"^kda_step_kernel$,^kda_gated_rmsnorm_kernel$={fused:.4f}us")])
+    assert w.kernels_changed == 12
+    d = diff([analysis(old)], [analysis(new)])
+    # The fusion edit itself, apart from the untouched kernels' drift between the two runs.
+    edit = d.attribution.filter(d.attribution["kind"] == "replacement")["contribution_us"][0]
+    assert w.delta_us == pytest.approx(edit, rel=0.15)
+
+
+def test_top_opportunities_skip_kernels_with_slack(analysis):
+    w = what_if(analysis("small_inside_d"), [parse_change("scale", "^kda_gate_kernel$=0.5")])
+    top = w.opportunities
+    gains = dict(zip(top["name"], top["gain_us_if_2x_faster"]))
+    assert gains["kda_gate_kernel"] == pytest.approx(w.delta_us * -1, rel=1e-6, abs=0.5)
+    assert gains.get("kda_conv_silu_kernel", 0.0) == pytest.approx(0.0, abs=1e-6)  # all slack
+    assert list(top["gain_us_if_2x_faster"]) == sorted(top["gain_us_if_2x_faster"], reverse=True)
+
+
+def test_no_pdl_costs_the_measured_gap_on_pdl_edges(analysis):
+    a = analysis("k3_bs1_base_a")
+    w = what_if(a, [Change(NO_PDL)])
+    assert w.delta_us > 0 and w.kernels_changed > 50 and w.notes
+
+
+def test_restrictions_and_bad_changes(analysis):
+    a = analysis("k3_bs1_base_a")
+    only_mla = what_if(a, [parse_change("delta", "rmsnorm_kernel=+1us", family="mla", layers=parse_layers("4"))])
+    assert only_mla.kernels_changed == 2
+    assert parse_layers("1..3,7") == (1, 2, 3, 7) and parse_time_ns("-300ns") == -300 and parse_time_ns("1.5ms") == 1.5e6
+    for kind, spec in (("scale", "kda=fast"), ("scale", "kda=-1"), ("delta", "kda=3 weeks"), ("fuse", "a,b")):
+        with pytest.raises(ReportError):
+            parse_change(kind, spec)
+    with pytest.raises(ReportError, match="no kernel matches"):
+        what_if(a, [parse_change("delta", "no_such_kernel=+1us")])
+    with pytest.raises(ReportError, match="not a valid regular expression"):
+        what_if(a, [parse_change("delta", "(?=look)ahead=+1us")])
