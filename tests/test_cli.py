@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from k3trace.cli import app
@@ -100,3 +101,17 @@ def test_demo_runs_on_bundled_traces(cache_dir):
     assert "k3trace analyze" in result.stdout and "k3trace diff" in result.stdout
     assert "FASTER" in result.stdout and "gemv_kernel" in result.stdout
     assert "vectorized_layer_norm_kernel" in result.stdout  # the third-party fusion pair
+
+
+def test_whatif_json_and_bad_changes(trace_sqlite, cache_dir):
+    report = str(trace_sqlite("small_inside_d"))
+    done = invoke("whatif", report, "--delta", "^kda_conv_silu_kernel$=+25us", "--json", "--cache-dir", str(cache_dir))
+    assert done.exit_code == 0
+    j = json.loads(done.stdout)
+    assert j["kernels_changed"] == 6 and j["delta_us"] > 0 and j["opportunities"]
+    assert j["predicted_span_us"] == pytest.approx(j["base_span_us"] + j["delta_us"])
+    terminal = invoke("whatif", report, "--scale", "kda_gate_kernel=0.5", "--cache-dir", str(cache_dir))
+    assert terminal.exit_code == 0 and "top opportunities" in terminal.stdout
+    for bad in (["--scale", "kda=fast"], ["--delta", "nothing_matches=+1us"], ["--layers", "x..y", "--remove", "kda"],
+                ["--stream", "sideways", "--remove", "kda"], []):
+        assert invoke("whatif", report, *bad, "--cache-dir", str(cache_dir)).exit_code == 2, bad
