@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 from k3trace.analyses import analyze_report
+from k3trace.cli import Environment, analyses_of
 from k3trace.config import load_config
+from k3trace.ingest import Tools
 from k3trace.diff import diff
 
 
@@ -43,8 +45,8 @@ def main() -> None:
         analyze_s.append(timed(lambda d: analyze_report(args.old, cfg, cache_dir=d)))
 
         def full(d: Path) -> None:
-            old = analyze_report(args.old, cfg, cache_dir=d)
-            new = analyze_report(args.new, cfg, cache_dir=d)
+            env = Environment(cache_dir=d, tools=Tools())
+            old, new = analyses_of((args.old, args.new), cfg, env)  # what `k3trace diff` runs
             t = time.perf_counter()
             result = diff([old], [new])
             replay_s.append(time.perf_counter() - t)
