@@ -120,18 +120,26 @@ class Diff:
         return out
 
     def waterfall(self, top: int = 12) -> pl.DataFrame:
-        """Old span -> top edits -> the rest -> residual -> new span, as (label, kind, value_us)."""
+        """Old span -> top edits -> the rest -> residual -> new span, as (label, kind, value_us),
+        with `change_us` (the same steps measured from the old span: 0, each edit's
+        contribution, ..., the span delta) and, on edit rows, the edit's fields (`edit`,
+        `edit_kind`, `detail`, `family`, `layers`, `stderr_us`; null elsewhere)."""
         old_span = statistics.median(a.step_stats["span"]["median"] for a in self.old)
         head = self.attribution.head(top)
         rest = float(self.attribution["contribution_us"].sum() - head["contribution_us"].sum())
-        rows = [("old span", "absolute", old_span)]
-        rows += [(f"{r['edit'][:48]} ({r['family']})", "relative", r["contribution_us"])
+        none = (None, None, None, None, None, None)
+        rows = [("old span", "absolute", old_span, 0.0, *none)]
+        rows += [(f"{r['edit'][:48]} ({r['family']})", "relative", r["contribution_us"], r["contribution_us"],
+                  r["edit"], r["kind"], r["detail"], r["family"], r["layers"], r["stderr_us"])
                  for r in head.iter_rows(named=True)]
-        rows += [(f"{max(self.attribution.height - top, 0)} other edits", "relative", rest),
-                 ("residual (not modelled)", "relative", self.residual_us),
-                 ("median vs mean step", "relative", self.skew_us),
-                 ("new span", "total", old_span + self.span_delta_us)]
-        return pl.DataFrame(rows, schema={"label": pl.String, "kind": pl.String, "value_us": pl.Float64}, orient="row")
+        rows += [(f"{max(self.attribution.height - top, 0)} other edits", "relative", rest, rest, *none),
+                 ("residual (not modelled)", "relative", self.residual_us, self.residual_us, *none),
+                 ("median vs mean step", "relative", self.skew_us, self.skew_us, *none),
+                 ("new span", "total", old_span + self.span_delta_us, self.span_delta_us, *none)]
+        return pl.DataFrame(rows, schema={
+            "label": pl.String, "kind": pl.String, "value_us": pl.Float64, "change_us": pl.Float64,
+            "edit": pl.String, "edit_kind": pl.String, "detail": pl.String, "family": pl.String,
+            "layers": pl.List(pl.Int64), "stderr_us": pl.Float64}, orient="row")
 
     def segment_changes(self) -> pl.DataFrame:
         """Per (layer, family): matched kernels, and the names added or removed there."""
