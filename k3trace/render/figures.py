@@ -11,6 +11,8 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from k3trace.render.text import layer_text
+
 FAMILY_COLOURS = {
     "kda": "#1f77b4", "mla": "#d62728", "moe": "#2ca02c", "attn_res": "#9467bd", "dense": "#8c564b",
     "other": "#7f7f7f", "unlabelled": "#bcbd22",
@@ -30,19 +32,6 @@ def colour(family: str | None) -> str:
     """A family's colour; families outside the table get a stable one from a palette."""
     family = family or "unlabelled"
     return FAMILY_COLOURS.get(family) or _PALETTE[zlib.crc32(family.encode()) % len(_PALETTE)]
-
-
-def layer_text(layers: Sequence[int] | None) -> str:
-    """[1, 2, 3, 5, 6, 7] -> `1-3, 5-7`; [] -> `-`."""
-    known = sorted({int(x) for x in layers or () if x is not None})
-    if not known:
-        return "-"
-    runs, start = [], known[0]
-    for prev, cur in zip(known, known[1:] + [None]):
-        if cur != prev + 1 if cur is not None else True:
-            runs.append(str(start) if start == prev else f"{start}-{prev}")
-            start = cur
-    return ", ".join(runs)
 
 
 def wrap(text: str, width: int = 64) -> str:

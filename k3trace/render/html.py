@@ -293,7 +293,8 @@ def diff_page(d) -> str:
                        + esc(summary) + ".")
                  + page.figure(figures.pre_attention_compare(pre, "pre-attention window, old vs new"))
                  + html_table(pre, [Column("layer", "layer", "int"), Column("old_us", "old (us)", "num"),
-                                    Column("new_us", "new (us)", "num"), Column("delta_us", "change (us)", "signed", latency=True),
+                                    Column("new_us", "new (us)", "num"),
+                                    Column("delta_us", "change (us)", "signed", latency=True),
                                     Column("old_p90_us", "old p90 (us)", "num"),
                                     Column("new_p90_us", "new p90 (us)", "num")]))
     span = max(old.step_stats["span"]["median"], new.step_stats["span"]["median"]) * 1.01
