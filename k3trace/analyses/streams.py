@@ -26,7 +26,8 @@ MAIN = "main"
 
 @dataclass(frozen=True)
 class StreamRoles:
-    rows: pl.DataFrame        # kernel_id, capture_stream (null when inferred), row (0 = main), role ("main", "side 1", ...)
+    rows: pl.DataFrame        # kernel_id, capture_stream (null when inferred), row (0 = main), role
+                              # ("main", "side" or "side 1", "side 2", ...)
     source: str               # recorded | eager | inferred
     eager_step: int | None    # the eager step the streams were taken from (source eager)
 
