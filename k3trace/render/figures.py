@@ -63,7 +63,7 @@ def step_distribution(steps: pl.DataFrame, hist: pl.DataFrame, quantiles: dict[s
         c, symbol = markers.get(status, ("#000000", "cross"))
         fig.add_trace(go.Scatter(
             x=rows["step"].to_list(), y=rows["period_us"].to_list(), mode="markers",
-            name=f"{status}: {rows.height} steps",
+            name=f"{status}: {rows.height} step{'s' if rows.height != 1 else ''}",
             marker={"color": c, "symbol": symbol, "size": 7 if status == "stable" else 9},
             hovertemplate="step %{x}<br>period %{y:,.2f} us<extra>" + status + "</extra>"), row=1, col=1)
     fig.add_trace(go.Bar(x=[(a + b) / 2 for a, b in zip(hist["left"], hist["right"])], y=hist["count"].to_list(),

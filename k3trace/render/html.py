@@ -200,12 +200,13 @@ def analysis_page(a: Analysis) -> str:
 # -- two builds -------------------------------------------------------------------------------
 
 ATTRIBUTION_COLUMNS = [
-    Column("edit", "edit", "name"), Column("kind", "kind"), Column("detail", "detail"), Column("family", "family"),
+    Column("edit", "edit", "name"), Column("kind", "kind", min_em=7), Column("detail", "detail", min_em=11),
+    Column("family", "family"),
     Column("layers", "layers", "layers"),
     Column("contribution_us", "contribution (us/step)", "signed", 3, "Shapley value on the replayed step graph",
            latency=True),
     Column("stderr_us", "± stderr (us)", "num", 3, "0 when the contributions are exact"),
-    Column("share", "share of the span change", "share"),
+    Column("share", "share", "share", title="of the measured span change"),
     Column("edits", "edits", "int", title="elementary edits (one per layer and kernel) in this row"),
     Column("kernels", "kernels", "int"),
 ]

@@ -25,6 +25,7 @@ class Column:
     group: str | None = None  # a header spanning this column and its neighbours of the same group
     bad: bool | None = None   # format bool: the value flagged in red (True: `yes` is bad)
     latency: bool = False     # format signed: a time where more is worse (red) and less better (green)
+    min_em: float | None = None  # the column's least width (text that wraps)
 
     @property
     def numeric(self) -> bool:
@@ -95,6 +96,7 @@ def _header(columns: Sequence[Column]) -> str:
     def leaf(i: int, c: Column, rowspan: int = 1) -> str:
         attrs = f" data-col='{i}' class='{'num' if c.numeric else ''}'"
         attrs += f" rowspan='{rowspan}'" if rowspan > 1 else ""
+        attrs += f" style='min-width:{c.min_em:g}em'" if c.min_em else ""
         attrs += f" title='{html.escape(c.title, quote=True)}'" if c.title else ""
         return f"<th{attrs}>{html.escape(c.header)}</th>"
 
@@ -176,7 +178,7 @@ table.sortable thead th[data-order=desc]::after{content:' \\25BE'}
 table.sortable thead th[data-order=asc]::after{content:' \\25B4'}
 table.k3t .num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 table.k3t td.name{font-family:ui-monospace,'SFMono-Regular',Menlo,monospace;font-size:.92em;white-space:nowrap}
-table.k3t td.name.long{white-space:normal;min-width:28em;max-width:48em}
+table.k3t td.name.long{white-space:normal;min-width:22em;max-width:40em}
 table.k3t td.longer{color:#c62828}table.k3t td.shorter{color:#2e7d32}
 table.k3t td.flag{color:#c62828;font-weight:600}
 table.kv th{background:none;font-weight:500;color:#616161}
