@@ -46,7 +46,7 @@ def steps_panel(a: Analysis) -> RenderableType:
 
 def family_table(a: Analysis) -> RenderableType:
     t = Table(title="families (median over stable steps)")
-    for col, just in (("family", "left"), ("segments/step", "right"), ("device busy us", "right"),
+    for col, just in (("family", "left"), ("segments per step", "right"), ("device busy us", "right"),
                       ("2-stream residency us", "right"), ("share of busy", "right"), ("exposed us", "right"),
                       ("critical us", "right")):
         t.add_column(col, justify=just)
