@@ -554,6 +554,29 @@ def whatif_cmd(
             _stdout(width).print(render_whatif(result))
 
 
+def demo_pages(folder: Path) -> dict[str, tuple[Path, str]]:
+    """The demo's HTML pages in `folder` (checked before any work), each with its index line."""
+    from k3trace.demo import DEMO_PAIR, THIRD_PARTY_PAIR
+
+    if folder.exists() and not folder.is_dir():
+        raise ReportError(f"--html {folder.name} is a file", "pass a folder for the demo's HTML pages")
+    if not folder.is_dir() and not folder.parent.is_dir():
+        raise ReportError(f"the folder {folder.parent.name or folder.parent} for --html {folder.name} does not exist",
+                          "create it first, or pass a folder inside an existing one")
+    output_file(folder / "index.html" if folder.is_dir() else folder, "HTML folder")
+    (k_old, k_new), (h_old, h_new) = DEMO_PAIR, THIRD_PARTY_PAIR
+    return {
+        "diff": (folder / f"diff-{k_old}-{k_new}.html",
+                 f"diff {k_old} -> {k_new}: the K3 attention forks onto the aux stream (seed 001)"),
+        "third_party": (folder / f"diff-{h_old}-{h_new}.html",
+                        f"diff {h_old} -> {h_new}: transformers Llama, RMSNorm's 8 kernels fused into one"),
+        "analyze_old": (folder / f"analyze-{k_old}.html", f"analyze {k_old}: the K3 decode step, attention "
+                                                          "single-stream"),
+        "analyze_new": (folder / f"analyze-{k_new}.html", f"analyze {k_new}: the K3 decode step with the "
+                                                          "aux-stream forks"),
+    }
+
+
 @app.command("demo")
 def demo_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Also write the HTML reports into this folder "
@@ -566,44 +589,28 @@ def demo_cmd(
     from k3trace.demo import DEMO_PAIR, THIRD_PARTY_PAIR, bundled_trace
 
     with one_line_errors():
-        pages = None
-        if html is not None:
-            if html.exists() and not html.is_dir():
-                raise ReportError(f"--html {html.name} is a file", "pass a folder for the demo's HTML pages")
-            output_file(html / "index.html", "HTML folder") if html.is_dir() else output_file(html, "HTML folder")
-            pages = {"analyze": html / f"analyze-{DEMO_PAIR[1]}.html",
-                     "analyze_old": html / f"analyze-{DEMO_PAIR[0]}.html",
-                     "diff": html / f"diff-{DEMO_PAIR[0]}-{DEMO_PAIR[1]}.html",
-                     "third_party": html / f"diff-{THIRD_PARTY_PAIR[0]}-{THIRD_PARTY_PAIR[1]}.html"}
+        pages = demo_pages(html) if html is not None else {}
+        page = {key: path for key, (path, _) in pages.items()}
         env = Environment.resolve(cache_dir, no_cache)
         cfg = load_config(None)
-        old, new = (bundled_trace(name) for name in DEMO_PAIR)
         out = _stdout(width)
-        if pages is not None:
+        if html is not None:
             html.mkdir(exist_ok=True)
+        old, new = (bundled_trace(name) for name in DEMO_PAIR)
         out.rule(f"k3trace analyze {old.name}")
-        run_analyze(AnalyzeOptions(old, False, cfg, env, pages and pages["analyze_old"], width))
-        if pages is not None:
+        run_analyze(AnalyzeOptions(old, False, cfg, env, page.get("analyze_old"), width))
+        out.rule(f"k3trace diff {old.name} {new.name}")
+        run_diff(DiffOptions((old,), (new,), "terminal", page.get("diff"), None, cfg, env, width))
+        third_old, third_new = (bundled_trace(name) for name in THIRD_PARTY_PAIR)
+        out.rule(f"k3trace diff {third_old.name} {third_new.name} (transformers Llama: RMSNorm fused)")
+        run_diff(DiffOptions((third_old,), (third_new,), "terminal", page.get("third_party"), None, cfg, env, width))
+        if html is not None:
             from k3trace.render.html import write_analysis_page, write_index_page
 
-            write_analysis_page(analysis_of(new, cfg, env), pages["analyze"])
-            wrote(pages["analyze"], "HTML report")
-        out.rule(f"k3trace diff {old.name} {new.name}")
-        run_diff(DiffOptions((old,), (new,), "terminal", pages and pages["diff"], None, cfg, env, width))
-        old, new = (bundled_trace(name) for name in THIRD_PARTY_PAIR)
-        out.rule(f"k3trace diff {old.name} {new.name} (transformers Llama: RMSNorm fused)")
-        run_diff(DiffOptions((old,), (new,), "terminal", pages and pages["third_party"], None, cfg, env, width))
-        if pages is not None:
-            index = html / "index.html"
-            write_index_page(index, [
-                (pages["diff"].name, f"diff {DEMO_PAIR[0]} -> {DEMO_PAIR[1]}: the K3 attention forks onto the "
-                                     "aux stream (seed 001)"),
-                (pages["third_party"].name, f"diff {THIRD_PARTY_PAIR[0]} -> {THIRD_PARTY_PAIR[1]}: transformers "
-                                            "Llama, RMSNorm's 8 kernels fused into one"),
-                (pages["analyze_old"].name, f"analyze {DEMO_PAIR[0]}: the K3 decode step, attention single-stream"),
-                (pages["analyze"].name, f"analyze {DEMO_PAIR[1]}: the K3 decode step with the aux-stream forks"),
-            ])
-            wrote(index, "HTML index")
+            write_analysis_page(analysis_of(new, cfg, env), page["analyze_new"])
+            wrote(page["analyze_new"], "HTML report")
+            write_index_page(html / "index.html", [(path.name, line) for path, line in pages.values()])
+            wrote(html / "index.html", "HTML index")
 
 
 @app.command("scrub")
