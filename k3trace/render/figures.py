@@ -265,7 +265,7 @@ def attribution_waterfall(rows: pl.DataFrame, title: str, band_us: float | None 
     lines = [label.count("<br>") + 1 for label in labels]
     fig = go.Figure(go.Waterfall(
         orientation="h", y=labels, x=rows["change_us"].to_list(), measure=rows["kind"].to_list(), text=text,
-        textposition="auto", cliponaxis=False, connector={"line": {"color": "#bdbdbd", "width": 1}},
+        textposition="auto", textangle=0, cliponaxis=False, connector={"line": {"color": "#bdbdbd", "width": 1}},
         increasing={"marker": {"color": LONGER}}, decreasing={"marker": {"color": SHORTER}},
         totals={"marker": {"color": NEUTRAL}},
         hovertemplate="%{y}<br>%{x:+,.3f} us<extra></extra>"))
