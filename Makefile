@@ -10,7 +10,7 @@ KSTAMP := $(VENV)/.kernels-cpu
 TORCH := torch==2.13.0
 TRITON := triton==3.7.1
 
-.PHONY: demo test clean
+.PHONY: demo test notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,11 @@ demo: $(STAMP)
 test: $(STAMP) $(KSTAMP)
 	$(VENV)/bin/lint-imports
 	K3TRACE_KERNEL_TESTS=required $(VENV)/bin/python -m pytest -q
+
+# Run the notebooks on the bundled traces and commit them with their outputs (the tests check
+# the .ipynb files carry a run's outputs and match their scripts).
+notebooks: $(STAMP)
+	$(VENV)/bin/python tests/test_notebooks.py --write
 
 clean:
 	rm -rf $(VENV)

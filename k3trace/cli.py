@@ -5,31 +5,168 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Iterator, Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
+from k3trace import __version__
 from k3trace.config import Config, load_config
 from k3trace.errors import ReportError, printable
 from k3trace.ingest import Tools
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+try:  # typer >= 0.22 carries its own copy of click; its errors are not click's
+    from typer import _click as _typer_click
+except ImportError:  # pragma: no cover - older typer
+    _typer_click = click
+USAGE_ERRORS = (click.ClickException, _typer_click.ClickException)
+NO_ARGS = (click.exceptions.NoArgsIsHelpError, _typer_click.exceptions.NoArgsIsHelpError)
+
+
+class OneLineUsageErrors(TyperGroup):
+    """Usage errors (an unknown option, a value outside its choices, a missing argument)
+    end like bad input: one line naming the problem and what to do, exit code 2."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except NO_ARGS as exc:  # bare `k3trace`: the help, as click does
+            exc.show()
+            sys.exit(exc.exit_code)
+        except USAGE_ERRORS as exc:
+            ctx = getattr(exc, "ctx", None)
+            where = ctx.command_path if ctx is not None else "k3trace"
+            problem = exc.format_message().strip().rstrip(".").replace("Value error, ", "")
+            problem = problem[:1].lower() + problem[1:]
+            err.print(f"k3trace: {printable(problem)}; see `{where} -h`", markup=False, highlight=False,
+                      soft_wrap=True)
+            sys.exit(exc.exit_code)
+        except (click.exceptions.Abort, typer.Abort):
+            err.print("k3trace: interrupted", markup=False, highlight=False)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(cls=OneLineUsageErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Critical-path and two-stream analysis of LLM decode steps from Nsight Systems traces.")
 err = Console(stderr=True)
 
+#: Piped output this wide unless --width or COLUMNS says otherwise (rich would use 80).
+PIPE_WIDTH = 200
 
-def _stdout() -> Console:
-    """Rich's console on stdout; piped, it is wide enough for kernel names (rich would use 80)."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"k3trace {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Critical-path and two-stream analysis of LLM decode steps from Nsight Systems traces."""
+
+
+def _stdout(width: int | None = None) -> Console:
+    """Rich's console on stdout: `--width` when given; on a terminal, its width; piped,
+    COLUMNS when set, else wide enough for kernel names. Names wrap, never cut."""
+    if width is not None:
+        return Console(width=width)
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and int(columns) >= 40 else PIPE_WIDTH)
+
+
+def wrote(path: Path, what: str, detail: str = "") -> None:
+    """Every file a command writes is announced on stderr, with the path as given."""
+    err.print(f"k3trace: wrote {what} {printable(str(path))}" + (f" ({printable(detail)})" if detail else ""),
+              markup=False, highlight=False, soft_wrap=True)
+
+
+class Workload(str, Enum):
+    k3_decode = "k3-decode"
+    small = "small"
+
+
+class Capture(str, Enum):
+    inside = "inside"
+    before = "before"
+
+
+class Profiler(str, Enum):
+    nsys = "nsys"
+    torch = "torch"
+
+
+class Engine(str, Enum):
+    local = "local"
+    dask = "dask"
+
+
+class DiffFormat(str, Enum):
+    terminal = "terminal"
+    json = "json"
+    markdown = "markdown"
+
+
+class FailOn(str, Enum):
+    slower = "slower"
+
+
+class StreamRole(str, Enum):
+    main = "main"
+    side = "side"
+
+
+#: The K3 workload's variant flags (kernels/k3/variants.py; k3trace does not import the
+#: workload, a test keeps the two lists equal), joined with `+`; the small workload's names.
+K3_VARIANT_FLAGS = ("mla_epilogue_split", "no_attn_forks", "router_multipass", "kda_norm_separate",
+                    "residual_separate", "kda_cute")
+SMALL_VARIANTS = ("nofork",)
+_DELAY = re.compile(r"delay:[A-Za-z_][A-Za-z0-9_]*:\d+")
+#: nsys profile --capture-range-end values.
+_RANGE_END = re.compile(r"none|stop|stop-shutdown|repeat(:\d+)?|repeat-shutdown:\d+")
+
+
+def check_variant(workload: str, variant: str) -> str:
+    """A variant the workload knows, before anything runs (kernels/README.md, "Variants")."""
+    if workload == Workload.small.value:
+        if variant in ("baseline", *SMALL_VARIANTS) or _DELAY.fullmatch(variant):
+            return variant
+        raise ReportError(f"unknown variant {variant!r} for the small workload",
+                          "use baseline, nofork or delay:<kernel>:<ns>")
+    parts = variant.split("+")
+    delays = [p for p in parts if _DELAY.fullmatch(p)]
+    unknown = [p for p in parts if p not in ("baseline", *K3_VARIANT_FLAGS) and not _DELAY.fullmatch(p)]
+    if unknown or len(delays) > 1:
+        what = f"unknown variant {unknown[0]!r}" if unknown else "more than one delay in the variant"
+        raise ReportError(f"{what} for k3-decode", f"use baseline, {', '.join(K3_VARIANT_FLAGS)} or "
+                          "delay:<kernel>:<ns>, joined with + (kernels/README.md)")
+    return variant
+
+
+def check_range_end(value: str) -> str:
+    if not _RANGE_END.fullmatch(value):
+        raise ReportError(f"unknown --capture-range-end {value!r}",
+                          "use stop, stop-shutdown, repeat[:N], repeat-shutdown:N or none (nsys profile)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -170,6 +307,8 @@ def output_file(path: Path, what: str) -> Path:
 CacheDir = typer.Option(None, "--cache-dir", help="Where normalised traces are cached (default: XDG cache).")
 NoCache = typer.Option(False, "--no-cache", help="Neither read nor write the cache.")
 ConfigOpt = typer.Option(None, "--config", help="TOML file overriding k3trace's K3 defaults.")
+Width = typer.Option(None, "--width", min=40, help="Terminal output width (default: the terminal's; piped: "
+                                                   "COLUMNS, else 200). Names wrap, never cut.")
 
 
 @dataclass(frozen=True)
@@ -178,16 +317,24 @@ class AnalyzeOptions:
     json: bool
     config: Config
     env: Environment
+    html: Path | None = None
+    width: int | None = None
 
 
-def run_analyze(opts: AnalyzeOptions) -> None:
+def run_analyze(opts: AnalyzeOptions):
     from k3trace.render.terminal import render_analysis
 
     analysis = analysis_of(opts.report, opts.config, opts.env)
+    if opts.html is not None:
+        from k3trace.render.html import write_analysis_page
+
+        write_analysis_page(analysis, opts.html)
+        wrote(opts.html, "HTML report")
     if opts.json:
         sys.stdout.write(json.dumps(analysis.to_json(), indent=2) + "\n")
     else:
-        _stdout().print(render_analysis(analysis))
+        _stdout(opts.width).print(render_analysis(analysis))
+    return analysis
 
 
 @dataclass(frozen=True)
@@ -200,6 +347,7 @@ class RanksOptions:
     memory_gb: float | None
     engine: str
     scheduler: str | None
+    width: int | None = None
 
 
 def run_ranks(opts: RanksOptions) -> None:
@@ -214,7 +362,7 @@ def run_ranks(opts: RanksOptions) -> None:
     if opts.json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
-        _stdout().print(render_ranks(result))
+        _stdout(opts.width).print(render_ranks(result))
 
 
 @app.command("analyze")
@@ -228,20 +376,27 @@ def analyze_cmd(
     no_cache: bool = NoCache,
     workers: Optional[int] = typer.Option(None, "--workers", help="Rank reports analysed at once (default: CPUs)."),
     memory_gb: Optional[float] = typer.Option(None, "--memory-per-worker", help="Address-space cap per worker, GiB."),
-    engine: str = typer.Option("local", "--engine", help="local (process pool) or dask."),
+    engine: Engine = typer.Option(Engine.local, "--engine", help="local (process pool) or dask."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (engine dask)."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report (one report)."),
+    width: Optional[int] = Width,
 ) -> None:
     """A decode step's anatomy: steps, families, two-stream residency, exposed time, PDL."""
     with one_line_errors():
         from k3trace.analyses.ranks import resolve_reports
 
+        if html is not None:
+            output_file(html, "HTML report")
         env = Environment.resolve(cache_dir, no_cache)
         paths = resolve_reports(reports)
         if len(paths) > 1:
-            run_ranks(RanksOptions(tuple(paths), json_out, load_config(config), env, workers, memory_gb, engine,
-                                   scheduler))
+            if html is not None:
+                raise ReportError(f"--html writes the report of one trace, and {len(paths)} were given",
+                                  "run `k3trace analyze REPORT --html FILE` once per rank")
+            run_ranks(RanksOptions(tuple(paths), json_out, load_config(config), env, workers, memory_gb,
+                                   engine.value, scheduler, width))
             return
-        run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config), env))
+        run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config), env, html, width))
 
 
 @dataclass(frozen=True)
@@ -253,10 +408,7 @@ class DiffOptions:
     fail_on: str | None
     config: Config
     env: Environment
-
-
-DIFF_FORMATS = ("terminal", "json", "markdown")
-FAIL_ON = ("slower",)
+    width: int | None = None
 
 
 def run_diff(opts: DiffOptions) -> None:
@@ -271,12 +423,13 @@ def run_diff(opts: DiffOptions) -> None:
         from k3trace.render.html import write_diff_page
 
         write_diff_page(result, opts.html)
+        wrote(opts.html, "HTML report")
     if opts.format == "json":
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     elif opts.format == "markdown":
         sys.stdout.write(diff_markdown(result))
     else:
-        _stdout().print(render_diff(result))
+        _stdout(opts.width).print(render_diff(result))
     if opts.fail_on == "slower" and result.verdict_itl == SLOWER:
         raise typer.Exit(1)
 
@@ -287,21 +440,21 @@ def diff_cmd(
     old: list[Path] = typer.Option(None, "--old", help="Repeated runs of the old build (instead of OLD)."),
     new: list[Path] = typer.Option(None, "--new", help="Repeated runs of the new build (instead of NEW)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (same as --format json)."),
-    output_format: str = typer.Option("terminal", "--format", help="terminal, json or markdown (for a pull request)."),
-    fail_on: Optional[str] = typer.Option(None, "--fail-on",
-                                          help="`slower`: exit 1 when the ITL got slower beyond the noise band."),
+    output_format: DiffFormat = typer.Option(DiffFormat.terminal, "--format",
+                                             help="terminal, json or markdown (for a pull request)."),
+    fail_on: Optional[FailOn] = typer.Option(None, "--fail-on",
+                                             help="`slower`: exit 1 when the ITL got slower beyond the noise band."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     config: Optional[Path] = ConfigOpt,
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
+    width: Optional[int] = Width,
 ) -> None:
     """Which kernel change moved the ITL between two builds, against the noise band."""
     with one_line_errors():
         reports = reports or []
-        if output_format not in DIFF_FORMATS:
-            raise ReportError(f"unknown --format {output_format!r}", f"use one of {', '.join(DIFF_FORMATS)}")
-        if fail_on is not None and fail_on not in FAIL_ON:
-            raise ReportError(f"unknown --fail-on {fail_on!r}", f"use one of {', '.join(FAIL_ON)}")
+        output_format = output_format.value
+        fail_on = fail_on.value if fail_on is not None else None
         if json_out and output_format not in ("terminal", "json"):
             raise ReportError("--json and --format markdown were both given", "pass one of them")
         if reports and (old or new):
@@ -316,35 +469,41 @@ def diff_cmd(
         if html is not None:
             output_file(html, "HTML report")
         run_diff(DiffOptions(tuple(old), tuple(new), "json" if json_out else output_format, html, fail_on,
-                             load_config(config), Environment.resolve(cache_dir, no_cache)))
+                             load_config(config), Environment.resolve(cache_dir, no_cache), width))
 
 
 @app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def record_cmd(
     ctx: typer.Context,
-    workload: str = typer.Option("k3-decode", "--workload", help="Built-in workload: k3-decode or small."),
-    batch: int = typer.Option(1, "--batch", help="Decode batch size."),
-    steps: int = typer.Option(50, "--steps", help="Graph replays inside the capture window."),
-    variant: str = typer.Option("baseline", "--variant", help="Workload variant (kernels/README.md)."),
-    layers: int = typer.Option(0, "--layers", help="Model depth (0: all 93 K3 layers)."),
-    capture: str = typer.Option("inside", "--capture", help="Graph capture inside or before the window."),
+    workload: Workload = typer.Option(Workload.k3_decode, "--workload", help="Built-in workload."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Decode batch size."),
+    steps: int = typer.Option(50, "--steps", min=1, help="Graph replays inside the capture window."),
+    variant: str = typer.Option("baseline", "--variant", help="Workload variant (kernels/README.md): k3-decode: "
+                                "baseline or flags joined with +, delay:<kernel>:<ns>; small: nofork, delay:..."),
+    layers: int = typer.Option(0, "--layers", min=0, help="Model depth (0: all 93 K3 layers)."),
+    capture: Capture = typer.Option(Capture.inside, "--capture", help="Graph capture inside or before the window."),
     output: Path = typer.Option(Path("k3trace-record"), "-o", "--output", help="Report path (no suffix)."),
-    capture_range_end: str = typer.Option("stop", "--capture-range-end", help="stop, or repeat for engines."),
+    capture_range_end: str = typer.Option("stop", "--capture-range-end",
+                                          help="stop, or repeat[:N] for engines (nsys profile's values)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command line and exit."),
-    profiler: str = typer.Option("nsys", "--profiler", help="nsys, or torch: torch.profiler (Kineto trace), "
-                                                             "for the built-in workload on machines without nsys."),
+    profiler: Profiler = typer.Option(Profiler.nsys, "--profiler", help="nsys, or torch: torch.profiler (Kineto "
+                                      "trace), for the built-in workload on machines without nsys."),
+    config: Optional[Path] = ConfigOpt,
     cache_dir: Optional[Path] = CacheDir,
+    width: Optional[int] = Width,
 ) -> None:
     """Record a decode loop under Nsight Systems (`-- CMD ...` profiles a serving engine)."""
     from k3trace import record
 
     with one_line_errors():
-        env = Environment.resolve(cache_dir, False)
         external = tuple(ctx.args)
-        if profiler not in ("nsys", "torch"):
-            raise ReportError(f"unknown profiler {profiler!r}", "pass --profiler nsys or --profiler torch")
-        command = external or record.workload_command(workload, batch, steps, variant, layers, capture)
-        if profiler == "torch":
+        if not external:
+            check_variant(workload.value, variant)
+        check_range_end(capture_range_end)
+        cfg = load_config(config)  # a bad config fails before the recording, not after it
+        env = Environment.resolve(cache_dir, False)
+        command = external or record.workload_command(workload.value, batch, steps, variant, layers, capture.value)
+        if profiler == Profiler.torch:
             if external:
                 raise ReportError("--profiler torch records the built-in workload only",
                                   "start a serving engine's own torch.profiler (docs/recording.md, "
@@ -354,8 +513,8 @@ def record_cmd(
                 typer.echo(torch_plan.shell())
                 return
             trace = record.run_torch(torch_plan)
-            err.print(f"recorded {trace}", markup=False)
-            run_analyze(AnalyzeOptions(trace, False, load_config(None), env))
+            wrote(trace, "torch.profiler trace")
+            run_analyze(AnalyzeOptions(trace, False, cfg, env, width=width))
             return
         plan = record.RecordPlan(
             nsys=env.tools.nsys or "nsys", output=output, command=command, capture_range_end=capture_range_end,
@@ -367,8 +526,8 @@ def record_cmd(
         if env.tools.nsys is None:
             raise ReportError("nsys was not found", "put Nsight Systems' nsys on PATH or set K3TRACE_NSYS")
         report = record.run(plan)
-        err.print(printable(f"recorded {report}"), markup=False)
-        run_analyze(AnalyzeOptions(report, False, load_config(None), env))
+        wrote(report, "Nsight Systems report")
+        run_analyze(AnalyzeOptions(report, False, cfg, env, width=width))
 
 
 @app.command("whatif")
@@ -382,17 +541,19 @@ def whatif_cmd(
     pdl: list[str] = typer.Option(None, "--pdl", help="PATTERN: the kernels' same-stream edges become PDL."),
     family: Optional[str] = typer.Option(None, "--family", help="Only kernels of this family."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Only these layers: 4, 4,8 or 1..7."),
-    stream: Optional[str] = typer.Option(None, "--stream", help="Only kernels on the main or a side stream."),
+    stream: Optional[StreamRole] = typer.Option(None, "--stream", help="Only kernels on the main or a side stream."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
     config: Optional[Path] = ConfigOpt,
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
+    width: Optional[int] = Width,
 ) -> None:
     """The step time a kernel change would buy, predicted on this build's step graph."""
     from k3trace.analyses import whatif
     from k3trace.render.terminal import render_whatif
 
     with one_line_errors():
+        stream = stream.value if stream is not None else None
         scope = {"family": family, "layers": whatif.parse_layers(layers), "stream": stream}
         changes = [whatif.parse_change(kind, spec, **scope) for kind, specs in (
             (whatif.SCALE, scale), (whatif.DELTA, delta), (whatif.FUSE, fuse), (whatif.REMOVE, remove),
@@ -404,31 +565,66 @@ def whatif_cmd(
         if json_out:
             sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         else:
-            _stdout().print(render_whatif(result))
+            _stdout(width).print(render_whatif(result))
+
+
+def demo_pages(folder: Path) -> dict[str, tuple[Path, str]]:
+    """The demo's HTML pages in `folder` (checked before any work), each with its index line."""
+    from k3trace.demo import DEMO_PAIR, THIRD_PARTY_PAIR
+
+    if folder.exists() and not folder.is_dir():
+        raise ReportError(f"--html {folder.name} is a file", "pass a folder for the demo's HTML pages")
+    if not folder.is_dir() and not folder.parent.is_dir():
+        raise ReportError(f"the folder {folder.parent.name or folder.parent} for --html {folder.name} does not exist",
+                          "create it first, or pass a folder inside an existing one")
+    output_file(folder / "index.html" if folder.is_dir() else folder, "HTML folder")
+    (k_old, k_new), (h_old, h_new) = DEMO_PAIR, THIRD_PARTY_PAIR
+    return {
+        "diff": (folder / f"diff-{k_old}-{k_new}.html",
+                 f"diff {k_old} -> {k_new}: the K3 attention forks onto the aux stream (seed 001)"),
+        "third_party": (folder / f"diff-{h_old}-{h_new}.html",
+                        f"diff {h_old} -> {h_new}: transformers Llama, RMSNorm's 8 kernels fused into one"),
+        "analyze_old": (folder / f"analyze-{k_old}.html", f"analyze {k_old}: the K3 decode step, attention "
+                                                          "single-stream"),
+        "analyze_new": (folder / f"analyze-{k_new}.html", f"analyze {k_new}: the K3 decode step with the "
+                                                          "aux-stream forks"),
+    }
 
 
 @app.command("demo")
 def demo_cmd(
-    html: Optional[Path] = typer.Option(None, "--html", help="Also write the diff's HTML report here."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write the HTML reports into this folder "
+                                        "(created if missing): both K3 traces analysed, the two diffs, an index."),
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
+    width: Optional[int] = Width,
 ) -> None:
     """Analyze and diff the real H200 traces bundled with k3trace."""
     from k3trace.demo import DEMO_PAIR, THIRD_PARTY_PAIR, bundled_trace
 
     with one_line_errors():
-        if html is not None:
-            output_file(html, "HTML report")
+        pages = demo_pages(html) if html is not None else {}
+        page = {key: path for key, (path, _) in pages.items()}
         env = Environment.resolve(cache_dir, no_cache)
+        cfg = load_config(None)
+        out = _stdout(width)
+        if html is not None:
+            html.mkdir(exist_ok=True)
         old, new = (bundled_trace(name) for name in DEMO_PAIR)
-        out = _stdout()
         out.rule(f"k3trace analyze {old.name}")
-        run_analyze(AnalyzeOptions(old, False, load_config(None), env))
+        run_analyze(AnalyzeOptions(old, False, cfg, env, page.get("analyze_old"), width))
         out.rule(f"k3trace diff {old.name} {new.name}")
-        run_diff(DiffOptions((old,), (new,), "terminal", html, None, load_config(None), env))
-        old, new = (bundled_trace(name) for name in THIRD_PARTY_PAIR)
-        out.rule(f"k3trace diff {old.name} {new.name} (transformers Llama: RMSNorm fused)")
-        run_diff(DiffOptions((old,), (new,), "terminal", None, None, load_config(None), env))
+        run_diff(DiffOptions((old,), (new,), "terminal", page.get("diff"), None, cfg, env, width))
+        third_old, third_new = (bundled_trace(name) for name in THIRD_PARTY_PAIR)
+        out.rule(f"k3trace diff {third_old.name} {third_new.name} (transformers Llama: RMSNorm fused)")
+        run_diff(DiffOptions((third_old,), (third_new,), "terminal", page.get("third_party"), None, cfg, env, width))
+        if html is not None:
+            from k3trace.render.html import write_analysis_page, write_index_page
+
+            write_analysis_page(analysis_of(new, cfg, env), page["analyze_new"])
+            wrote(page["analyze_new"], "HTML report")
+            write_index_page(html / "index.html", [(path.name, line) for path, line in pages.values()])
+            wrote(html / "index.html", "HTML index")
 
 
 @app.command("scrub")
@@ -442,7 +638,7 @@ def scrub_cmd(
     with one_line_errors():
         output_file(output, "scrubbed output")
         summary = scrub(report, output, Environment.resolve(None, True).tools)
-    err.print(printable(f"wrote {output.name}: " + ", ".join(f"{k} {v}" for k, v in summary.items())), markup=False)
+    wrote(output, "scrubbed report", ", ".join(f"{k} {v}" for k, v in summary.items()))
 
 
 def main() -> None:  # pragma: no cover - console entry point

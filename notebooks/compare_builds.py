@@ -19,7 +19,8 @@
 # Which kernel change moved the ITL, and by how much? Each side is one report or several
 # repeated runs of one build. The attribution splits the step's change into edits (fusions,
 # splits, swaps, duration, dependency and gap changes) by their Shapley values on the
-# replayed union of both builds' step graphs (docs/metrics.md, "Diff").
+# replayed union of both builds' step graphs (docs/metrics.md, "Diff");
+# `k3trace diff OLD NEW --html FILE` writes the same views as one page.
 
 # %% tags=["parameters"]
 OLD = None  # list of report paths for the old build; None: bundled traces
@@ -31,17 +32,20 @@ BUNDLED_NEW = ["hf_norm_fused_a"]          # its RMSNorm fused
 from pathlib import Path
 
 import plotly.io as pio
-import polars as pl
+from IPython.display import HTML
 
 from k3trace.analyses import analyze
+from k3trace.analyses.timeline import step_timeline
 from k3trace.config import load_config
 from k3trace.demo import bundled_trace
-from k3trace.diff import diff
+from k3trace.diff import diff, sides
 from k3trace.ingest import load_report
 from k3trace.render import figures
+from k3trace.render.html import ATTRIBUTION_COLUMNS, completeness_block
+from k3trace.render.tables import STYLE, Column, html_table
 
-# JupyterLab draws the plotly mimetype; an HTML export (nbconvert) needs the inline-JS form.
-pio.renderers.default = "plotly_mimetype+notebook"
+# JupyterLab draws the plotly mimetype; an HTML export (nbconvert) loads plotly.js from its CDN.
+pio.renderers.default = "plotly_mimetype+notebook_connected"
 
 cfg = load_config()
 old_paths = [Path(p) for p in OLD] if OLD else [bundled_trace(n) for n in BUNDLED_OLD]
@@ -49,43 +53,52 @@ new_paths = [Path(p) for p in NEW] if NEW else [bundled_trace(n) for n in BUNDLE
 old = [analyze(load_report(p), cfg) for p in old_paths]
 new = [analyze(load_report(p), cfg) for p in new_paths]
 d = diff(old, new)
+HTML(f"<style>{STYLE}</style>" + "".join(completeness_block(a, side) for side, runs in (("old", old), ("new", new))
+                                         for a in runs))
+
+# %%
 {k: d.to_json()[k] for k in ("itl_delta_us", "span_delta_us", "host_delta_us", "noise_band_us", "noise_source",
-                             "verdict")}
+                             "verdict_itl", "verdict_span", "caveats")}
 
 # %% [markdown]
 # ## From the old step to the new one
 
 # %%
-figures.attribution_waterfall(d.waterfall(), "step span: counterfactual attribution")
+figures.attribution_waterfall(d.waterfall(), "step span, old to new: counterfactual attribution",
+                              d.span_noise_band_us, d.noise_source)
 
 # %%
-d.attribution.head(20)
+HTML(html_table(d.attribution, ATTRIBUTION_COLUMNS, max_rows=20))
 
 # %%
 {"all edits replayed (= sum of contributions)": d.modelled_us, "mean step delta": d.mean_span_delta_us,
  "residual": d.residual_us, "median step delta": d.span_delta_us, "median vs mean": d.skew_us,
- "explained": d.explained, "caveats": d.caveats()}
+ "explained": d.explained}
+
+# %% [markdown]
+# ## Step times of both builds
+
+# %%
+figures.step_distributions(sides.step_distributions(old, new),
+                           {m: {"old": sides.central(old, m), "new": sides.central(new, m)} for m in ("period", "span")},
+                           {"period": d.noise_band_us, "span": d.span_noise_band_us}, "stable-step times, old vs new")
 
 # %% [markdown]
 # ## Matched kernels: what was added or removed, per segment
 
 # %%
-d.matching.group_by("kind").len()
-
-# %%
-d.segment_changes()
+HTML(html_table(d.segment_changes(), [Column("layer", "layer", "int"), Column("family", "family"),
+                                      Column("matched", "matched", "int"), Column("added", "added", "list"),
+                                      Column("removed", "removed", "list")]))
 
 # %% [markdown]
-# ## Residency and exposed time per family, old vs new
+# ## Families, old vs new (us per step)
 
 # %%
-d.families.select(
-    "family",
-    (pl.col("two_stream_residency_us_new") - pl.col("two_stream_residency_us_old")).alias("residency_delta_us"),
-    (pl.col("exposed_us_new") - pl.col("exposed_us_old")).alias("exposed_delta_us"),
-    (pl.col("device_busy_us_new") - pl.col("device_busy_us_old")).alias("busy_delta_us"),
-    (pl.col("critical_us_new") - pl.col("critical_us_old")).alias("critical_delta_us"),
-)
+sides.family_changes(d.families)
+
+# %% [markdown]
+# ## One step of the new build
 
 # %%
-figures.step_timeline(new[0].step_timeline(), f"new build: {new[0].report}")
+figures.step_timeline(step_timeline(sides.representative(new)), f"new build: {sides.representative(new).report}")

@@ -16,10 +16,12 @@
 # %% [markdown]
 # # Explore one decode trace
 #
-# What a K3 performance engineer opens after `k3trace record`: the step-time distribution
-# and the stable-step cut, the family table, one step's timeline with the critical path,
-# the kernels sortable by busy, exposed and critical time, and the pre-attention window per
-# full-attention layer. Every number comes from `k3trace.analyses.analyze` (docs/metrics.md).
+# What a K3 performance engineer opens after `k3trace record`: the completeness of the
+# capture, the step-time distribution and the stable-step cut, the family table, the
+# kernel time per layer, the pre-attention window per full-attention layer, the critical
+# path by family and kernel, PDL edges, and one step's timeline. Every number comes from
+# `k3trace.analyses` (docs/metrics.md); `k3trace analyze REPORT --html FILE` writes the
+# same views as one page.
 
 # %% tags=["parameters"]
 REPORT = None  # a report path (.nsys-rep, SQLite, parquetdir); None: a trace bundled with k3trace
@@ -30,20 +32,29 @@ from pathlib import Path
 
 import plotly.io as pio
 import polars as pl
+from IPython.display import HTML
 
 from k3trace.analyses import analyze
+from k3trace.analyses.distribution import histogram, step_values, steps_us
+from k3trace.analyses.pdl import edge_table
+from k3trace.analyses.per_layer import layer_family_table
+from k3trace.analyses.timeline import step_timeline
 from k3trace.config import load_config
 from k3trace.demo import bundled_trace
 from k3trace.ingest import load_report
 from k3trace.render import figures
+from k3trace.render.html import FAMILY_COLUMNS, KERNEL_COLUMNS, completeness_block
+from k3trace.render.tables import STYLE, Column, html_table
 
-# JupyterLab draws the plotly mimetype; an HTML export (nbconvert) needs the inline-JS form.
-pio.renderers.default = "plotly_mimetype+notebook"
+# JupyterLab draws the plotly mimetype; an HTML export (nbconvert) loads plotly.js from its CDN.
+pio.renderers.default = "plotly_mimetype+notebook_connected"
 
 path = Path(REPORT) if REPORT else bundled_trace(BUNDLED)
 a = analyze(load_report(path), load_config())
-summary = a.to_json()
-summary["steps"]
+HTML(f"<style>{STYLE}</style>" + completeness_block(a))
+
+# %%
+a.to_json()["steps"]
 
 # %% [markdown]
 # ## Step times and the stable-step cut
@@ -51,45 +62,59 @@ summary["steps"]
 # the ITL proxy is the median period of the stable ones.
 
 # %%
-figures.step_distribution(a.steps, f"step period, {a.report} (stable vs dropped)")
+figures.step_distribution(steps_us(a.steps), histogram({"stable": step_values(a.step_times, "period")}),
+                          a.step_stats["period"], f"step period, {a.report}")
 
 # %%
 pl.DataFrame([{"metric": k, **v} for k, v in a.step_stats.items()])
 
 # %% [markdown]
-# ## Families
+# ## Families (the table of seed 001)
 
 # %%
-a.families
+HTML(html_table(a.families, FAMILY_COLUMNS))
 
 # %%
-figures.family_bars(a.families, "per family, median over stable steps")
+figures.family_bars(a.families, "per family, us per stable step")
 
 # %% [markdown]
-# ## One step: streams as rows, kernels coloured by family, the critical path outlined
-# Zoom with the mouse; hover a kernel for its layer, PDL edge and the bubble before it.
+# ## Per layer
 
 # %%
-figures.step_timeline(a.step_timeline(), f"representative stable step {a.representative_step()} of {a.report}")
+figures.per_layer_bars(layer_family_table(a.path), "kernel time per layer and family")
+
+# %% [markdown]
+# ## Pre-attention window per full-attention layer (the number of seed 000)
+
+# %%
+figures.pre_attention_bars(a.pre_attention_by_layer(), a.pre_attention_summary, "pre-attention window per layer")
+
+# %% [markdown]
+# ## The critical path, by family and by kernel
+# Slack: how much longer a kernel could run before the step's span grows. Click a header to sort.
+
+# %%
+figures.critical_bars(a.kernel_table, "name", "time on the critical path by kernel (top 20)")
+
+# %%
+HTML(html_table(a.kernel_table.sort("critical_us", descending=True, nulls_last=True), KERNEL_COLUMNS))
 
 # %%
 a.path_steps.select(pl.col("path_kernels", "bubbles", "pdl_edges_on_path").median(),
                     (pl.col("bubble_ns").median() / 1e3).alias("bubble_us"))
 
 # %% [markdown]
-# ## Kernels, sortable by busy, exposed and critical time
+# ## PDL edges
 
 # %%
-columns = ["name", "family", "calls_per_step", "mean_us", "busy_per_step_us", "exposed_per_step_us",
-           "critical_us", "slack_us", "hidden_share"]
-figures.sortable_table(a.kernel_table.select(columns), ["busy_per_step_us", "exposed_per_step_us", "critical_us"],
-                       "kernels per stable step (us)")
+HTML(html_table(edge_table(a.path, a.config, a.stable_steps), [
+    Column("producer", "producer", "name"), Column("dependent", "dependent", "name"), Column("family", "family"),
+    Column("pairs_per_step", "pairs / step", "num", 1), Column("pdl_per_step", "PDL edges / step", "num", 1),
+    Column("pdl_share", "PDL share", "share")], max_rows=15))
 
 # %% [markdown]
-# ## Pre-attention window per full-attention layer
+# ## One step: a row per capture stream, the critical path solid and joined, the rest muted
+# Hover a kernel for its layer, PDL edge and the wait before it; pick a layer in the menu to zoom.
 
 # %%
-a.pre_attention_by_layer()
-
-# %%
-summary["pre_attention_window_us"], summary["labels"], summary["completeness"]
+figures.step_timeline(step_timeline(a), f"representative stable step {a.representative_step()} of {a.report}")

@@ -34,13 +34,13 @@ import plotly.io as pio
 from k3trace.analyses import analyze
 from k3trace.config import load_config
 from k3trace.demo import bundled_trace
-from k3trace.diff import diff
+from k3trace.diff import diff, sides
 from k3trace.diff import tables
 from k3trace.ingest import load_report
 from k3trace.render import figures
 
-# JupyterLab draws the plotly mimetype; an HTML export (nbconvert) needs the inline-JS form.
-pio.renderers.default = "plotly_mimetype+notebook"
+# JupyterLab draws the plotly mimetype; an HTML export (nbconvert) loads plotly.js from its CDN.
+pio.renderers.default = "plotly_mimetype+notebook_connected"
 
 cfg = load_config()
 BUNDLED = {"baseline": "k3_bs1_base_a", "baseline_repeat": "k3_bs1_base_b", "mla_epilogue_split": "k3_bs1_mla_split",
@@ -64,6 +64,10 @@ tables.epilogue_table(runs["baseline"], runs["mla_epilogue_split"], "mla_q_conca
 # %%
 d000 = diff([runs["baseline"]], [runs["mla_epilogue_split"]])
 {k: d000.to_json()[k] for k in ("itl_delta_us", "noise_band_us", "verdict")}
+
+# %%
+figures.pre_attention_compare(sides.pre_attention_by_layer(runs["baseline"], runs["mla_epilogue_split"]),
+                              "seed 000: pre-attention window per full-attention layer, old vs new")
 
 # %% [markdown]
 # ## Seed 001: the attention forks onto the aux stream

@@ -115,3 +115,127 @@ def test_whatif_json_and_bad_changes(trace_sqlite, cache_dir):
     for bad in (["--scale", "kda=fast"], ["--delta", "nothing_matches=+1us"], ["--layers", "x..y", "--remove", "kda"],
                 ["--stream", "sideways", "--remove", "kda"], []):
         assert invoke("whatif", report, *bad, "--cache-dir", str(cache_dir)).exit_code == 2, bad
+
+
+# -- the command line itself -----------------------------------------------------------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import k3trace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def k3(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """The installed command as a user runs it: its own process, stdout piped."""
+    base = {k: v for k, v in os.environ.items() if k not in ("K3TRACE_NSYS", "COLUMNS")}
+    return subprocess.run([sys.executable, "-m", "k3trace.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**base, **(env or {})}, stdin=subprocess.DEVNULL, timeout=300)
+
+
+def test_version_and_short_help():
+    assert invoke("--version").stdout.strip() == f"k3trace {k3trace.__version__}"
+    for command in ([], ["analyze"], ["diff"], ["whatif"], ["record"], ["demo"], ["scrub"]):
+        done = invoke(*command, "-h")
+        assert done.exit_code == 0 and "Usage" in done.stdout, command
+
+
+@pytest.mark.parametrize("args, option", [
+    (["record", "--workload", "nope", "--dry-run"], "--workload"),
+    (["record", "--variant", "bogus", "--dry-run"], "variant"),
+    (["record", "--workload", "small", "--variant", "no_attn_forks", "--dry-run"], "variant"),
+    (["record", "--capture", "sideways", "--dry-run"], "--capture"),
+    (["record", "--capture-range-end", "bogus", "--dry-run"], "--capture-range-end"),
+    (["record", "--profiler", "perf", "--dry-run"], "--profiler"),
+    (["analyze", "x.sqlite", "--engine", "foo"], "--engine"),
+    (["diff", "a", "b", "--format", "yaml"], "--format"),
+    (["whatif", "x.sqlite", "--stream", "sideways"], "--stream"),
+    (["analyze", "--no-such-option"], "--no-such-option"),
+])
+def test_bad_choices_are_one_line_before_anything_runs(args, option, tmp_path):
+    done = k3(*args, cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("k3trace: ") and ";" in lines[0], done.stderr
+    assert option in lines[0] and done.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # nothing ran, nothing was written
+
+
+def test_good_variants_pass():
+    for workload, variant in (("k3-decode", "no_attn_forks+router_multipass"), ("k3-decode", "delay:kda_step_kernel:4000"),
+                              ("small", "nofork"), ("small", "delay:kda_gate_kernel:3000")):
+        done = invoke("record", "--dry-run", "--workload", workload, "--variant", variant)
+        assert done.exit_code == 0 and f"--variant {variant}" in done.stdout
+
+
+def test_variant_flags_match_the_workload():
+    from k3trace.cli import K3_VARIANT_FLAGS
+    from kernels.k3.variants import known_flags
+
+    assert set(K3_VARIANT_FLAGS) == set(known_flags())
+
+
+FAKE_NSYS = """#!{python}
+import shutil, sys
+args = sys.argv[1:]
+out = args[args.index("-o") + 1]
+shutil.copyfile({report!r}, out + ".nsys-rep")
+"""
+
+
+def test_record_uses_its_config_and_says_what_it_wrote(trace_sqlite, tmp_path):
+    nsys = tmp_path / "nsys"
+    nsys.write_text(FAKE_NSYS.format(python=sys.executable, report=str(trace_sqlite("small_inside_a"))))
+    nsys.chmod(0o755)
+    cfg = tmp_path / "k3.toml"
+    cfg.write_text("[steps]\nwarmup = 7\n")
+    done = k3("record", "-o", "run", "--config", str(cfg), "--cache-dir", str(tmp_path / "cache"), "--", "true",
+              env={"K3TRACE_NSYS": str(nsys)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "k3trace: wrote Nsight Systems report run.nsys-rep" in done.stderr
+    assert "7 warm-up" in done.stdout  # the analysis after the recording used --config
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[steps]\nwarmup = 'many'\n")
+    (tmp_path / "run.nsys-rep").unlink()
+    done = k3("record", "-o", "run", "--config", str(bad), "--", "true", env={"K3TRACE_NSYS": str(nsys)},
+              cwd=tmp_path)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run.nsys-rep").exists(), "a bad config must fail before recording"
+
+
+def test_analyze_html_announces_the_file(trace_sqlite, tmp_path):
+    done = k3("analyze", str(trace_sqlite("small_inside_a")), "--html", "page.html", "--no-cache", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "k3trace: wrote HTML report page.html"
+    assert (tmp_path / "page.html").stat().st_size > 3_000_000 and "decode steps" in done.stdout
+    two = k3("analyze", str(trace_sqlite("small_inside_a")), str(trace_sqlite("small_inside_b")), "--html", "p.html",
+             "--no-cache", cwd=tmp_path)
+    assert two.returncode == 2 and "--html" in two.stderr and not (tmp_path / "p.html").exists()
+
+
+def test_demo_html_writes_every_page(tmp_path):
+    done = k3("demo", "--html", "pages", "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = [line.rsplit(" ", 1)[1] for line in done.stderr.strip().splitlines()]
+    assert all(line.startswith("k3trace: wrote HTML") for line in done.stderr.strip().splitlines())
+    assert sorted(Path(p).name for p in written) == sorted(p.name for p in (tmp_path / "pages").iterdir())
+    assert len(written) == 5 and "pages/index.html" in written
+    index = (tmp_path / "pages" / "index.html").read_text()
+    assert all(f"href='{Path(p).name}'" in index for p in written if not p.endswith("index.html"))
+
+
+def test_piped_output_keeps_kernel_names_whole(trace_sqlite, tmp_path):
+    report = str(trace_sqlite("k3_bs1_base_a"))
+    wide = k3("analyze", report, "--no-cache")
+    assert "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_NNT" in wide.stdout
+    assert "critical" in wide.stdout and "slack" in wide.stdout
+    for args, env, width in ((["--width", "90"], None, 90), ([], {"COLUMNS": "100"}, 100)):
+        done = k3("analyze", report, "--no-cache", *args, env=env)
+        assert done.returncode == 0 and max(len(line) for line in done.stdout.splitlines()) <= width
+        # a name too long for its column wraps onto the next line instead of being cut
+        assert "…" not in done.stdout
+        joined = "".join(line.split()[0] if line.split() else "" for line in done.stdout.splitlines())
+        assert "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_NNT" in joined

@@ -40,3 +40,17 @@ def summary(steps: pl.DataFrame) -> dict[str, float]:
         "gaps_per_step": float(steps["gaps"].median()),
         "gap_us_per_step": float(steps["gap_ns"].median()) / 1e3,
     }
+
+
+def edge_table(kernels: pl.DataFrame, cfg: Config, steps: int) -> pl.DataFrame:
+    """Per same-stream pair of kernel names (producer -> dependent, the dependent's family)
+    over the stable steps: pairs per step, PDL edges per step, the PDL share, and the median
+    gap of the pairs without PDL (us, null when all are PDL). Sorted by PDL edges."""
+    pairs = same_stream_pairs(kernels, cfg)
+    return (
+        pairs.group_by(pl.col("prev_name").alias("producer"), pl.col("name").alias("dependent"), "family")
+        .agg((pl.len() / steps).alias("pairs_per_step"), (pl.col("pdl").sum() / steps).alias("pdl_per_step"),
+             pl.col("pdl").mean().alias("pdl_share"),
+             (pl.col("gap_ns").filter(~pl.col("pdl")).median() / 1e3).alias("gap_us_median"))
+        .sort(["pdl_per_step", "pairs_per_step", "producer", "dependent"], descending=[True, True, False, False])
+    )

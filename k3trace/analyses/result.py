@@ -11,7 +11,7 @@ from k3trace.analyses import stepgraph
 from k3trace.analyses.completeness import Completeness
 from k3trace.config import Config
 
-JSON_VERSION = 1
+JSON_VERSION = 2
 
 #: Columns kept of every labelled kernel (the rest is intermediate).
 KERNEL_COLUMNS = ("kernel_id", "start", "end", "stream_id", "correlation_id", "name", "graph_node_id", "step",
@@ -128,7 +128,8 @@ class Analysis:
                 "family", "segments_per_step", "device_busy_us", "two_stream_residency_us", "share_of_busy", "exposed_us",
                 "critical_us",
             ).rename({"family": "name"}).to_dicts(),
-            "pre_attention_window_us": self.pre_attention_summary,
+            "pre_attention_window_us": None if self.pre_attention_summary is None else {
+                **self.pre_attention_summary, "by_layer": self.pre_attention_by_layer().to_dicts()},
             "kernels": self.kernel_table.select(
                 "name", "family", "calls_per_step", "mean_us", "median_us", "hidden_share", "busy_per_step_us",
                 "exposed_per_step_us", "critical_us", "slack_us",

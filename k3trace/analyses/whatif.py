@@ -34,6 +34,7 @@ from k3trace.errors import ReportError
 
 SCALE, DELTA, REMOVE, FUSE, NO_PDL, PDL = "scale", "delta", "remove", "fuse", "no_pdl", "pdl"
 PDL_GAP_NS = 1.0
+JSON_VERSION = 2
 RESAMPLES = 400
 
 
@@ -53,6 +54,13 @@ class Change:
                          f" layers {_layers_text(self.layers)}" if self.layers else "",
                          f" on the {self.stream} stream" if self.stream else ""])
         return f"{self.kind} {what}{v.get(self.kind, '')}{where}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The change as data: `factor` for scale, `time_us` for delta and fuse; `text` as described."""
+        value = ({"factor": self.value} if self.kind == SCALE else
+                 {"time_us": self.value / 1e3} if self.kind in (DELTA, FUSE) else {})
+        return {"kind": self.kind, "patterns": list(self.patterns), **value, "family": self.family,
+                "layers": list(self.layers) if self.layers else None, "stream": self.stream, "text": self.describe()}
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,7 @@ class WhatIf:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "version": 1, "report": self.report, "changes": [c.describe() for c in self.changes],
+            "version": JSON_VERSION, "report": self.report, "changes": [c.to_json() for c in self.changes],
             "kernels_changed": self.kernels_changed, "base_span_us": self.base_span_us,
             "predicted_span_us": self.base_span_us + self.delta_us,
             "delta_us": self.delta_us, "delta_p10_us": self.delta_p10_us, "delta_p90_us": self.delta_p90_us,

@@ -22,7 +22,7 @@ from k3trace.diff.attribution import Attribution, attribute
 from k3trace.diff.edits import STRUCTURE
 from k3trace.diff.matching import ADDED, MATCHED, ONLY_NEW, ONLY_OLD, REMOVED, match_nodes
 
-JSON_VERSION = 2
+JSON_VERSION = 3
 FAMILY_FIELDS = ("segments_per_step", "device_busy_us", "two_stream_residency_us", "share_of_busy", "exposed_us",
                  "critical_us")
 #: The replay explains a change when it lands within this share of the measured span delta
@@ -120,18 +120,37 @@ class Diff:
         return out
 
     def waterfall(self, top: int = 12) -> pl.DataFrame:
-        """Old span -> top edits -> the rest -> residual -> new span, as (label, kind, value_us)."""
+        """Old span -> top edits -> the rest -> residual -> new span, as (label, kind, value_us),
+        with `change_us` (the same steps measured from the old span: 0, each edit's
+        contribution, ..., the span delta) and, on edit rows, the edit's fields (`edit`,
+        `edit_kind`, `detail`, `family`, `layers`, `stderr_us`; null elsewhere)."""
         old_span = statistics.median(a.step_stats["span"]["median"] for a in self.old)
         head = self.attribution.head(top)
         rest = float(self.attribution["contribution_us"].sum() - head["contribution_us"].sum())
-        rows = [("old span", "absolute", old_span)]
-        rows += [(f"{r['edit'][:48]} ({r['family']})", "relative", r["contribution_us"])
+        none = (None, None, None, None, None, None)
+        rows = [("old span", "absolute", old_span, 0.0, *none)]
+        rows += [(f"{r['edit'][:48]} ({r['family']})", "relative", r["contribution_us"], r["contribution_us"],
+                  r["edit"], r["kind"], r["detail"], r["family"], r["layers"], r["stderr_us"])
                  for r in head.iter_rows(named=True)]
-        rows += [(f"{max(self.attribution.height - top, 0)} other edits", "relative", rest),
-                 ("residual (not modelled)", "relative", self.residual_us),
-                 ("median vs mean step", "relative", self.skew_us),
-                 ("new span", "total", old_span + self.span_delta_us)]
-        return pl.DataFrame(rows, schema={"label": pl.String, "kind": pl.String, "value_us": pl.Float64}, orient="row")
+        rows += [(f"{max(self.attribution.height - top, 0)} other edits", "relative", rest, rest, *none),
+                 ("residual (not modelled)", "relative", self.residual_us, self.residual_us, *none),
+                 ("median vs mean step", "relative", self.skew_us, self.skew_us, *none),
+                 ("new span", "total", old_span + self.span_delta_us, self.span_delta_us, *none)]
+        return pl.DataFrame(rows, schema={
+            "label": pl.String, "kind": pl.String, "value_us": pl.Float64, "change_us": pl.Float64,
+            "edit": pl.String, "edit_kind": pl.String, "detail": pl.String, "family": pl.String,
+            "layers": pl.List(pl.Int64), "stderr_us": pl.Float64}, orient="row")
+
+    def edit_breakdown(self) -> dict[int, dict[str, Any]]:
+        """Per attribution row (player): `kinds`, its elementary edits counted by kind
+        ({"duration": 6, "gap": 1}), and `details`, the distinct details of them as a list
+        (the row's `kind` and `detail` join these into text)."""
+        out: dict[int, dict[str, Any]] = {}
+        for player, kind, detail in self.edits.select("player", "kind", "detail").iter_rows():
+            row = out.setdefault(int(player), {"kinds": {}, "details": set()})
+            row["kinds"][kind] = row["kinds"].get(kind, 0) + 1
+            row["details"].update(x for x in (detail or "").split(", ") if x)
+        return {p: {"kinds": r["kinds"], "details": sorted(r["details"])} for p, r in out.items()}
 
     def segment_changes(self) -> pl.DataFrame:
         """Per (layer, family): matched kernels, and the names added or removed there."""
@@ -148,6 +167,7 @@ class Diff:
         )
 
     def to_json(self) -> dict[str, Any]:
+        breakdown = self.edit_breakdown()
         return {
             "version": JSON_VERSION,
             "old": [a.report for a in self.old],
@@ -163,9 +183,11 @@ class Diff:
             "verdict_span": self.verdict_span,
             "summary": self.summary(),
             "caveats": self.caveats(),
-            "attribution": self.attribution.select(
-                "edit", "kind", "detail", "family", "layers", "contribution_us", "stderr_us", "share", "edits",
-                "kernels").to_dicts(),
+            "attribution": [
+                {**row, **breakdown.get(player, {"kinds": {}, "details": []})}
+                for player, row in zip(self.attribution["player"].to_list(), self.attribution.select(
+                    "edit", "kind", "detail", "family", "layers", "contribution_us", "stderr_us", "share", "edits",
+                    "kernels").to_dicts())],
             "replayed_old_span_us": self.base_span_us,
             "modelled_us": self.modelled_us,
             "mean_span_delta_us": self.mean_span_delta_us,
@@ -221,7 +243,7 @@ def _table(attr: Attribution, span_delta_us: float) -> pl.DataFrame:
     the measured span delta; sorted by |contribution|."""
     share = (pl.col("contribution_us") / span_delta_us) if abs(span_delta_us) > 0 else pl.lit(None, pl.Float64)
     return attr.players.select(
-        pl.col("label").alias("edit"), "kind", "detail", "family",
+        "player", pl.col("label").alias("edit"), "kind", "detail", "family",
         pl.col("layers").map_elements(layer_scope, return_dtype=pl.String).alias("layer_scope"), "layers",
         (pl.col("contribution_ns") / 1e3).alias("contribution_us"), (pl.col("stderr_ns") / 1e3).alias("stderr_us"),
         "edits", "kernels",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -9,6 +10,7 @@ from rich.text import Text
 
 from k3trace.analyses import Analysis
 from k3trace.errors import printable
+from k3trace.render.text import layer_text
 
 
 def _name(value: str | None) -> Text:
@@ -44,7 +46,7 @@ def steps_panel(a: Analysis) -> RenderableType:
 
 def family_table(a: Analysis) -> RenderableType:
     t = Table(title="families (median over stable steps)")
-    for col, just in (("family", "left"), ("segments/step", "right"), ("device busy us", "right"),
+    for col, just in (("family", "left"), ("segments per step", "right"), ("device busy us", "right"),
                       ("2-stream residency us", "right"), ("share of busy", "right"), ("exposed us", "right"),
                       ("critical us", "right")):
         t.add_column(col, justify=just)
@@ -56,14 +58,20 @@ def family_table(a: Analysis) -> RenderableType:
 
 
 def kernel_table(a: Analysis, top: int = 15) -> RenderableType:
-    t = Table(title=f"kernels (top {top} by busy time per step)")
-    for col, just in (("kernel", "left"), ("family", "left"), ("calls/step", "right"), ("mean us", "right"),
-                      ("median us", "right"), ("busy us/step", "right"), ("hidden", "right")):
-        t.add_column(col, justify=just, overflow="ellipsis", max_width=48 if col == "kernel" else None)
+    t = Table(title=f"kernels, top {top} by busy time (us)", box=box.SIMPLE_HEAD, collapse_padding=True,
+              show_edge=False, pad_edge=False,
+              caption="mean, median: per call; busy, critical (on the critical path): per step; "
+                      "slack: how much longer it could run before the step grows")
+    for col, just in (("kernel", "left"), ("family", "left"), ("calls", "right"), ("mean", "right"),
+                      ("median", "right"), ("busy", "right"), ("hidden", "right"), ("critical", "right"),
+                      ("slack", "right")):
+        # Names wrap when the table is too wide, never cut: the distinguishing part is often the tail.
+        t.add_column(col, justify=just, overflow="fold", min_width=16 if col == "kernel" else None,
+                     no_wrap=col not in ("kernel", "family"))
     for r in a.kernel_table.head(top).iter_rows(named=True):
         t.add_row(_name(r["name"]), _name(r["family"]), f"{r['calls_per_step']:g}", _us(r["mean_us"], 2),
-                  _us(r["median_us"], 2),
-                  _us(r["busy_per_step_us"]), _share(r["hidden_share"]))
+                  _us(r["median_us"], 2), _us(r["busy_per_step_us"]), _share(r["hidden_share"]),
+                  _us(r["critical_us"], 2), _us(r["slack_us"], 2))
     return t
 
 
@@ -144,7 +152,7 @@ def attribution_table(d, top: int = 15) -> RenderableType:
                      max_width=60 if col == "edit" else None)
     for r in d.attribution.head(top).iter_rows(named=True):
         kind = r["kind"] + (f" ({r['detail']})" if r["detail"] and "replacement" in r["kind"] else "")
-        t.add_row(r["edit"], kind, r["family"], r["layer_scope"], _signed(r["contribution_us"]),
+        t.add_row(r["edit"], kind, r["family"], layer_text(r["layers"]), _signed(r["contribution_us"]),
                   "" if d.exact else f"{r['stderr_us']:.2f}", _share(r["share"]))
     rest = d.attribution.tail(max(d.attribution.height - top, 0))
     t.caption = (f"{rest.height} more edits {_signed(float(rest['contribution_us'].sum()))} us; "
@@ -192,7 +200,8 @@ def diff_markdown(d, top: int = 10) -> str:
     ]
     for r in d.attribution.head(top).iter_rows(named=True):
         kind = r["kind"] + (f" ({r['detail']})" if r["detail"] else "")
-        lines.append(f"| {cell(r['edit'])} | {cell(kind)} | {cell(r['family'])} | {r['layer_scope']} | "
+        lines.append(f"| {cell(r['edit'])} | {cell(kind)} | {cell(r['family'])} | {layer_text(r['layers'])} | "
+                     
                      f"{r['contribution_us']:+.2f} | {_share(r['share'])} |")
     rest = d.attribution.tail(max(d.attribution.height - top, 0))
     if rest.height:
@@ -219,21 +228,21 @@ def render_whatif(w) -> RenderableType:
     if w.slack.height:
         t = Table(title="the change and the slack it used up (mean step)")
         for col in ("kernel", "family", "added us", "slack us", "slack used us"):
-            t.add_column(col, justify="left" if col in ("kernel", "family") else "right")
+            t.add_column(col, justify="left" if col in ("kernel", "family") else "right", overflow="fold")
         for r in w.slack.iter_rows(named=True):
             t.add_row(r["name"], r["family"], _signed(r["added_us"]), _us(r["slack_us"], 2), _us(r["slack_used_us"], 2))
         parts.append(t)
     if w.critical.height:
         t = Table(title="kernels whose time on the critical path changes (mean step, top 10)")
         for col in ("kernel", "family", "before us", "after us", "change us"):
-            t.add_column(col, justify="left" if col in ("kernel", "family") else "right")
+            t.add_column(col, justify="left" if col in ("kernel", "family") else "right", overflow="fold")
         for r in w.critical.head(10).iter_rows(named=True):
             t.add_row(r["name"], r["family"], _us(r["critical_us_before"], 2), _us(r["critical_us_after"], 2),
                       _signed(r["change_us"]))
         parts.append(t)
     t = Table(title="top opportunities: step time gained if every call of the kernel ran 2x faster")
     for col in ("kernel", "family", "calls/step", "gain us"):
-        t.add_column(col, justify="left" if col in ("kernel", "family") else "right")
+        t.add_column(col, justify="left" if col in ("kernel", "family") else "right", overflow="fold")
     for r in w.opportunities.iter_rows(named=True):
         t.add_row(r["name"], r["family"], _us(r["calls_per_step"], 0), _us(r["gain_us_if_2x_faster"], 2))
     parts.append(t)
