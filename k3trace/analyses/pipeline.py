@@ -3,6 +3,8 @@ analyze_report(): the same from a path, with the result cached beside the trace 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import functools
 import hashlib
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 import k3trace
-from k3trace.analyses import completeness, critical_path, families, kernels, pdl, pre_attention, stepgraph, steptimes
+from k3trace.analyses import completeness, critical_path, families, kernels, pdl, pre_attention, stepgraph, steptimes, streams
 from k3trace.analyses import store
 from k3trace.analyses.overlap import step_overlap
 from k3trace.analyses.result import KERNEL_COLUMNS, PATH_COLUMNS, Analysis
@@ -89,6 +91,16 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
     step_times = steptimes.per_step(steps, overlap)
     path = critical_path.walk(critical_path.dependency_edges(stable_kernels, cfg), steps)
     graph = stepgraph.build(path)
+    # Which capture stream each node ran on (graph replays run on internal streams of their
+    # own): what the diff's "moved to a side stream" and whatif's --stream go by.
+    rep_step = int(path.filter(pl.col("kernel_id") == graph.nodes["kernel_id"][0])["step"][0])
+    # Only recorded or eager-aligned roles: inferred rows (packed by time) would call a chain
+    # that changed internal stream after a join "moved"; edits.py then falls back to the
+    # internal stream most kernels use, which is right for one-capture-stream graphs.
+    roles = streams.stream_roles(labelled, path, rep_step)
+    if roles.source != streams.INFERRED:
+        graph = replace(graph, nodes=graph.nodes.join(roles.rows.select("kernel_id", "role"), on="kernel_id",
+                                                      how="left"))
     slack = graph.nodes.with_columns(pl.Series("slack_ns", stepgraph.slack(graph))).group_by("name", "family").agg(
         (pl.col("slack_ns").min() / 1e3).alias("slack_us"))
     family_rows = families.family_table(overlap, n).join(critical_path.by_family(path), on="family", how="left")

@@ -34,7 +34,8 @@ SLOTS = 2
 class StepGraph:
     """Nodes in topological order (`order`); predecessor index -1 where absent."""
 
-    nodes: pl.DataFrame          # launch_rank, name, signature, family, layer, stream_id, start, duration, binding, pdl
+    nodes: pl.DataFrame          # kernel_id, launch_rank, name, signature, family, layer, stream_id, start, duration,
+                                 # binding, pdl; role (main | side ...) once the pipeline adds it
     preds: np.ndarray            # int64 [n, SLOTS]
     lags: np.ndarray             # float64 [n, SLOTS]: gap after each predecessor (0 unless binding)
     launch_at: np.ndarray        # float64 [n]: CPU release relative to the step start (ns)
@@ -100,7 +101,7 @@ def build(path: pl.DataFrame) -> StepGraph:
     # No kernel of a step starts before the step does: a graph launch the CPU enqueued 60 ms
     # ahead releases its kernels at the step start (the previous replay's end), not then.
     launch_at = np.maximum(launch_at, 0.0)
-    nodes = rep.select("launch_rank", "name", "signature", "family", "layer", "stream_id",
+    nodes = rep.select("kernel_id", "launch_rank", "name", "signature", "family", "layer", "stream_id",
                        (pl.col("start") - pl.col("step_start")).alias("start"),
                        pl.col("mean_duration").alias("duration"), "binding", "pdl")
     return StepGraph(

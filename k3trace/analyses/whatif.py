@@ -156,9 +156,12 @@ def _selection(g: StepGraph, change: Change, pattern: str) -> np.ndarray:
     if change.layers:
         mask &= nodes["layer"].is_in(list(change.layers)).fill_null(False).to_numpy()
     if change.stream:
-        streams = nodes["stream_id"].to_numpy()
-        values, counts = np.unique(streams, return_counts=True)
-        main = streams == values[np.argmax(counts)]
+        if "role" in nodes.columns and nodes["role"].null_count() < nodes.height:
+            main = (nodes["role"].fill_null("main") == "main").to_numpy()
+        else:  # no capture streams resolved: the stream most kernels use
+            streams = nodes["stream_id"].to_numpy()
+            values, counts = np.unique(streams, return_counts=True)
+            main = streams == values[np.argmax(counts)]
         mask &= main if change.stream == "main" else ~main
     return mask
 

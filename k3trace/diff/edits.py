@@ -203,12 +203,11 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
         lags = np.where(has[:, None], g.lags[safe], 0.0)
         launch = np.where(has, (g.launch_at + g.launch_lag)[safe], -np.inf)
         pdl = np.where(has, g.nodes["pdl"].fill_null(False).to_numpy()[safe], False)
-        stream = np.where(has, g.nodes["stream_id"].to_numpy()[safe], -1)
-        return dur, preds, lags, launch, pdl, stream
+        side = np.where(has, _on_side_stream(g)[safe], False)
+        return dur, preds, lags, launch, pdl, side
 
-    dur_o, preds_o, lags_o, launch_o, pdl_o, stream_o = side(old, old_of, has_old, to_union_old)
-    dur_n, preds_n, lags_n, launch_n, pdl_n, stream_n = side(new, new_of, has_new, to_union_new)
-    side_o, side_n = _on_side_stream(stream_o), _on_side_stream(stream_n)
+    dur_o, preds_o, lags_o, launch_o, pdl_o, side_o = side(old, old_of, has_old, to_union_old)
+    dur_n, preds_n, lags_n, launch_n, pdl_n, side_n = side(new, new_of, has_new, to_union_new)
     blocks, _ = _sccs(np.concatenate([preds_o, preds_n], axis=1))
 
     names, family, layer = match["name"].to_list(), match["family"].to_list(), match["layer"].to_list()
@@ -314,14 +313,15 @@ def _dependency_label(items: list[tuple[int, str]], names: list[str]) -> str:
     return "; ".join(parts)
 
 
-def _on_side_stream(stream: np.ndarray) -> np.ndarray:
-    """Per node: runs on a side stream, i.e. not on the stream most of its build's kernels use
-    (graph replays renumber streams, so the ids themselves do not compare across builds)."""
-    present = stream[stream >= 0]
-    if present.size == 0:
-        return np.zeros(len(stream), dtype=bool)
-    values, counts = np.unique(present, return_counts=True)
-    return (stream >= 0) & (stream != values[np.argmax(counts)])
+def _on_side_stream(g: StepGraph) -> np.ndarray:
+    """Per node: runs on a side stream. By capture stream where the analysis resolved one
+    (`role`; a graph replay runs on internal streams of its own, one of them holding only a
+    few kernels); else not on the stream most of the build's kernels use."""
+    if "role" in g.nodes.columns and g.nodes["role"].null_count() < g.nodes.height:
+        return (g.nodes["role"].fill_null("main") != "main").to_numpy()
+    stream = g.nodes["stream_id"].to_numpy()
+    values, counts = np.unique(stream, return_counts=True)
+    return stream != values[np.argmax(counts)]
 
 
 def _layers(layers: list[int | None]) -> str:
@@ -349,7 +349,8 @@ def _finish(players: _Players, owner_in: np.ndarray, owner_dur: np.ndarray, owne
     # A merged player is named by its members (their kinds and labels, largest first).
     members = edits.group_by("player", "kind", "detail", "family", "label").agg(
         pl.col("layer").unique().sort().alias("layers"), pl.len().alias("edits"), pl.col("kernels").sum())
-    table = members.sort("player", "edits", descending=[False, True]).group_by("player", maintain_order=True).agg(
+    table = members.sort(["player", "edits", "label"], descending=[False, True, False]).group_by(
+        "player", maintain_order=True).agg(
         pl.col("kind").unique(maintain_order=True).str.join(" + "),
         pl.col("detail").filter(pl.col("detail") != "").unique(maintain_order=True).str.join(", "),
         pl.col("family").unique(maintain_order=True).str.join(", "),
