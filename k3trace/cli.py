@@ -92,11 +92,18 @@ def _progress(label: str) -> Iterator:
             progress.stop()
 
 
-def analysis_of(path: Path, cfg: Config, env: Environment):
+def analysis_of(path: Path, cfg: Config, env: Environment, donor=None):
     from k3trace.analyses import analyze_report
 
     with _progress(path.name) as update:
-        return analyze_report(path, cfg, cache_dir=env.cache_dir, tools=env.tools, progress=update)
+        return analyze_report(path, cfg, cache_dir=env.cache_dir, tools=env.tools, progress=update, donor=donor)
+
+
+def donor_of(path: Path | None, cfg: Config, env: Environment):
+    """The label donor of `--labels-from`: that report, analysed, lends its labelled step."""
+    from k3trace.analyses.pipeline import label_donor
+
+    return None if path is None else label_donor(analysis_of(path, cfg, env))
 
 
 def fail(exc: BaseException) -> None:
@@ -156,6 +163,8 @@ def output_file(path: Path, what: str) -> Path:
 CacheDir = typer.Option(None, "--cache-dir", help="Where normalised traces are cached (default: XDG cache).")
 NoCache = typer.Option(False, "--no-cache", help="Neither read nor write the cache.")
 ConfigOpt = typer.Option(None, "--config", help="TOML file overriding k3trace's K3 defaults.")
+LabelsFrom = typer.Option(None, "--labels-from", help="A labelled report of the same model (e.g. an eager run with "
+                                                      "layerwise NVTX) whose layer labels replays without any take.")
 
 
 @dataclass(frozen=True)
@@ -164,12 +173,13 @@ class AnalyzeOptions:
     json: bool
     config: Config
     env: Environment
+    labels_from: Path | None = None
 
 
 def run_analyze(opts: AnalyzeOptions) -> None:
     from k3trace.render.terminal import render_analysis
 
-    analysis = analysis_of(opts.report, opts.config, opts.env)
+    analysis = analysis_of(opts.report, opts.config, opts.env, donor_of(opts.labels_from, opts.config, opts.env))
     if opts.json:
         sys.stdout.write(json.dumps(analysis.to_json(), indent=2) + "\n")
     else:
@@ -216,6 +226,7 @@ def analyze_cmd(
     memory_gb: Optional[float] = typer.Option(None, "--memory-per-worker", help="Address-space cap per worker, GiB."),
     engine: str = typer.Option("local", "--engine", help="local (process pool) or dask."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (engine dask)."),
+    labels_from: Optional[Path] = LabelsFrom,
 ) -> None:
     """A decode step's anatomy: steps, families, two-stream residency, exposed time, PDL."""
     with one_line_errors():
@@ -224,10 +235,12 @@ def analyze_cmd(
         env = Environment.resolve(cache_dir, no_cache)
         paths = resolve_reports(reports)
         if len(paths) > 1:
+            if labels_from is not None:
+                raise ReportError("--labels-from takes one report to analyze", "analyze the rank reports one by one")
             run_ranks(RanksOptions(tuple(paths), json_out, load_config(config), env, workers, memory_gb, engine,
                                    scheduler))
             return
-        run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config), env))
+        run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config), env, labels_from))
 
 
 @dataclass(frozen=True)
@@ -239,6 +252,7 @@ class DiffOptions:
     fail_on: str | None
     config: Config
     env: Environment
+    labels_from: Path | None = None
 
 
 DIFF_FORMATS = ("terminal", "json", "markdown")
@@ -250,8 +264,9 @@ def run_diff(opts: DiffOptions) -> None:
     from k3trace.diff.noise import SLOWER
     from k3trace.render.terminal import diff_markdown, render_diff
 
-    old = [analysis_of(p, opts.config, opts.env) for p in opts.old]
-    new = [analysis_of(p, opts.config, opts.env) for p in opts.new]
+    donor = donor_of(opts.labels_from, opts.config, opts.env)
+    old = [analysis_of(p, opts.config, opts.env, donor) for p in opts.old]
+    new = [analysis_of(p, opts.config, opts.env, donor) for p in opts.new]
     result = diff(old, new)
     if opts.html is not None:
         from k3trace.render.html import write_diff_page
@@ -280,6 +295,7 @@ def diff_cmd(
     config: Optional[Path] = ConfigOpt,
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
+    labels_from: Optional[Path] = LabelsFrom,
 ) -> None:
     """Which kernel change moved the ITL between two builds, against the noise band."""
     with one_line_errors():
@@ -302,7 +318,7 @@ def diff_cmd(
         if html is not None:
             output_file(html, "HTML report")
         run_diff(DiffOptions(tuple(old), tuple(new), "json" if json_out else output_format, html, fail_on,
-                             load_config(config), Environment.resolve(cache_dir, no_cache)))
+                             load_config(config), Environment.resolve(cache_dir, no_cache), labels_from))
 
 
 @app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

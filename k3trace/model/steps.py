@@ -29,6 +29,8 @@ class StepAssignment:
     steps: pl.DataFrame        # step, first_start, last_end, kernels, signature
     lane: tuple[int, int]      # (global_pid, device_id) analysed
     other_lanes: int           # processes/devices with GPU work that were not analysed
+    range_form: str | None = None   # the most common step-range text matched, digits as N
+    range_count: int = 0            # step ranges matched on the analysed process
 
 
 def _dominant_lane(kernels: pl.DataFrame) -> tuple[tuple[int, int], int]:
@@ -49,8 +51,17 @@ def step_ranges(trace: Trace, cfg: Config, pid: int) -> pl.DataFrame:
         .sort("start")
         .select(pl.int_range(pl.len(), dtype=pl.Int64).alias("range_index"),
                 pl.col("start").alias("range_start"), pl.col("end").alias("range_end"),
-                pl.col("global_tid").alias("launch_tid"))
+                pl.col("global_tid").alias("launch_tid"), "text")
     )
+
+
+def range_form(ranges: pl.DataFrame) -> str | None:
+    """Which step-range form matched: the most common range text with its numbers as N
+    (`execute_context_N(N)_generation_N(N)`, `[Executor] _forward_step N: ...`)."""
+    if ranges.is_empty():
+        return None
+    forms = ranges.select(pl.col("text").str.replace_all(r"\d+", "N").alias("form")).group_by("form").len()
+    return str(forms.sort("len", "form", descending=[True, False])["form"][0])
 
 
 def _in_ranges(kernels: pl.DataFrame, ranges: pl.DataFrame) -> pl.Series:
@@ -128,7 +139,8 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
             f"{cfg.step_nvtx_pattern!r}, no repeating kernel sequence)",
             "record a decode loop of several steps, or set [steps] nvtx_pattern in a --config file",
         )
-    return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others)
+    return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others,
+                          range_form=range_form(ranges), range_count=ranges.height)
 
 
 def _step_table(kernels: pl.DataFrame, signature: pl.Expr | None) -> pl.DataFrame:

@@ -1,0 +1,291 @@
+"""Source `inferred`: layers found in the repeating kernel sequence of a replay no label
+reached (METRICS.md, "Inferred layers").
+
+1. Every decoder layer holds one attention: attention kernels are those whose name rule
+   gives an `attention_families` family, or that match `[labels.inference]
+   attention_pattern`. Per attention family, the number of its layers is the most common
+   occurrence count of its kernels (MLA: q_concat twice, fmha once per layer -> once); one
+   kernel of that count marks each layer's attention (its *core*).
+2. An *anchor* is a kernel that occurs once per layer, interleaved with the cores (K3's
+   residual add ends every layer). Layer boundaries sit a fixed number of kernels after
+   each anchor, or before it; the first layer starts where the sequence starts like the
+   other layers do, the last ends where it ends like them. Among all anchors and offsets
+   with exactly one core per layer, the one with the fewest distinct layer sequences wins,
+   then the shortest prologue plus epilogue, then the earliest boundaries (a layer starts
+   with its norm, not with the previous layer's residual add).
+   Kernels are compared by signature (demangled name, grid, block), else by name.
+3. Inside a layer, the run of kernels it starts with recurs where its second half starts
+   (K3: the attention-residual pair before attention and before the MoE; Llama: the
+   RMSNorm before attention and before the MLP): segments start there. A segment holding an
+   attention kernel takes that attention family (`attention` when only the pattern
+   matched); another is `moe` when a kernel name found in no other kind of segment matches
+   the `moe` name rule, else `dense`. Kernels whose name rule gives a `kernel_families`
+   family (`attn_res`) keep it.
+4. Layers are numbered in order from `first_layer`. Confidence: the share of the replay's
+   kernel time in layers whose kernel sequence another layer repeats.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import polars as pl
+
+from k3trace.config import Config
+from k3trace.model.labels import units
+from k3trace.model.labels.rules import rule_family
+
+MOE, DENSE, ATTENTION = "moe", "dense", "attention"
+#: Prefix of a layer that must recur for the layer to split into segments.
+MIN_PIECE_PREFIX = 2
+#: Most per-family offset combinations tried when the cores themselves anchor the layers.
+MAX_OFFSET_COMBINATIONS = 20_000
+
+
+@dataclass(frozen=True)
+class Layering:
+    bounds: tuple[tuple[int, int], ...]   # (start, end) of each layer in the sequence
+    anchor: int                           # the anchor token
+    score: tuple[int, int, int]
+
+
+def attention_kinds(names: list[str], rules: list[str | None], cfg: Config) -> list[str | None]:
+    """Per kernel: its attention family, or None."""
+    generic = pl.Series(names, dtype=pl.String).str.contains(cfg.attention_pattern).to_list()
+    out = []
+    for rule, hit in zip(rules, generic):
+        if rule in cfg.attention_families:
+            out.append(rule)
+        elif rule is None and hit:
+            out.append(ATTENTION)
+        else:
+            out.append(None)
+    return out
+
+
+def cores(tokens: list[int], kinds: list[str | None]) -> list[int]:
+    """Positions of one attention kernel per layer (step 1)."""
+    out: list[int] = []
+    for family in sorted({k for k in kinds if k is not None}):
+        counts = Counter(t for t, k in zip(tokens, kinds) if k == family)
+        by_count = Counter(counts.values())
+        layers = max(by_count, key=lambda c: (by_count[c], -c))
+        marker = next(t for t, k in zip(tokens, kinds) if k == family and counts[t] == layers)
+        out.extend(i for i, (t, k) in enumerate(zip(tokens, kinds)) if t == marker and k == family)
+    return sorted(out)
+
+
+def _interleaved(anchors: list[int], core: list[int]) -> bool:
+    n = len(core)
+    after = all(anchors[j] <= core[j] and (j + 1 == n or core[j] < anchors[j + 1]) for j in range(n))
+    before = all(core[j] <= anchors[j] and (j + 1 == n or anchors[j] < core[j + 1]) for j in range(n))
+    return after or before
+
+
+def _common_prefix(a: tuple, b: tuple) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _first_start(tokens: list[int], limit: int, end: int, others: set[tuple]) -> int:
+    """Where the first layer starts in [0, limit]: where the sequence starts most like the
+    other layers (the earliest such place)."""
+    best, at = -1, 0
+    for p in range(limit + 1):
+        head = tuple(tokens[p:end])
+        match = max((_common_prefix(head, o) for o in others), default=0)
+        if match > best:
+            best, at = match, p
+    return at
+
+
+def _last_end(tokens: list[int], start: int, lo: int, others: set[tuple], typical: float) -> int:
+    """Where the last layer ends in [lo, len]: where it ends most like the other layers."""
+    best, at = None, len(tokens)
+    for e in range(lo, len(tokens) + 1):
+        tail = tuple(reversed(tokens[start:e]))
+        match = max((_common_prefix(tail, tuple(reversed(o))) for o in others), default=0)
+        key = (match, -abs((e - start) - typical), e)
+        if best is None or key > best:
+            best, at = key, e
+    return at
+
+
+def _after(tokens: list[int], anchors: list[int], offset: int) -> tuple[list[int], int] | None:
+    """Boundaries `offset` kernels after each anchor (the anchor ends its layer when 0)."""
+    count = len(anchors)
+    starts: list[int] = [0] + [a + 1 + offset for a in anchors[:-1]]
+    last_end = anchors[-1] + 1 + offset
+    if last_end > len(tokens):
+        return None
+    inner = {tuple(tokens[starts[j]:(starts[j + 1] if j + 1 < count else last_end)]) for j in range(1, count)}
+    starts[0] = _first_start(tokens, anchors[0], starts[1] if count > 1 else last_end, inner)
+    return starts, last_end
+
+
+def _before(tokens: list[int], anchors: list[int], offsets: list[int]) -> tuple[list[int], int] | None:
+    """Boundaries `offsets[j]` kernels before anchor j."""
+    count = len(anchors)
+    starts = [a - q for a, q in zip(anchors, offsets)]
+    if starts[0] < 0 or any(starts[j] <= anchors[j - 1] for j in range(1, count)):
+        return None
+    inner = {tuple(tokens[starts[j]:starts[j + 1]]) for j in range(count - 1)}
+    typical = sum(starts[j + 1] - starts[j] for j in range(count - 1)) / max(count - 1, 1)
+    return starts, _last_end(tokens, starts[-1], anchors[-1] + 1, inner, typical)
+
+
+def _evaluate(tokens: list[int], cut: tuple[list[int], int] | None, core: list[int], anchor: int) -> Layering | None:
+    if cut is None:
+        return None
+    starts, last_end = cut
+    count = len(starts)
+    bounds = tuple((starts[j], starts[j + 1] if j + 1 < count else last_end) for j in range(count))
+    for s, e in bounds:  # exactly one attention core per layer
+        if bisect.bisect_left(core, e) - bisect.bisect_left(core, s) != 1:
+            return None
+    kinds = len({tuple(tokens[s:e]) for s, e in bounds})
+    return Layering(bounds, anchor, (kinds, bounds[0][0] + len(tokens) - bounds[-1][1], sum(starts)))
+
+
+def find_layers(tokens: list[int], core: list[int]) -> Layering | None:
+    """Step 2: the best layering over every anchor and offset: a kernel once per layer with
+    one offset after or before it; else the cores, each attention family with its own
+    offset before its core (the kernels before an attention are the same in every layer of
+    that kind, whatever the layer before it was)."""
+    count = len(core)
+    if count < 2:
+        return None
+    occurrences: dict[int, list[int]] = {}
+    for i, t in enumerate(tokens):
+        occurrences.setdefault(t, []).append(i)
+    best = None
+
+    def consider(layering: Layering | None) -> None:
+        nonlocal best
+        if layering is not None and (best is None or layering.score < best.score):
+            best = layering
+
+    for token, anchors in occurrences.items():
+        if len(anchors) != count or not _interleaved(anchors, core):
+            continue
+        gap = min(b - a for a, b in zip(anchors, anchors[1:]))
+        for offset in range(gap):
+            consider(_evaluate(tokens, _after(tokens, anchors, offset), core, token))
+            consider(_evaluate(tokens, _before(tokens, anchors, [offset] * count), core, token))
+    kinds = [tokens[c] for c in core]
+    classes = sorted(set(kinds))
+    room = {k: min([core[0]] * (kinds[0] == k) + [core[j] - core[j - 1] - 1 for j in range(1, count)
+                                                  if kinds[j] == k]) for k in classes}
+    if len(classes) > 1 and math.prod(room[k] + 1 for k in classes) <= MAX_OFFSET_COMBINATIONS:
+        for offsets in itertools.product(*(range(room[k] + 1) for k in classes)):
+            by_class = dict(zip(classes, offsets))
+            consider(_evaluate(tokens, _before(tokens, core, [by_class[k] for k in kinds]), core, kinds[0]))
+    return best
+
+
+def piece_starts(tokens: tuple) -> list[int]:
+    """Step 3: where a layer's segments start (the recurrences of its longest recurring prefix)."""
+    for k in range(len(tokens) // 2, MIN_PIECE_PREFIX - 1, -1):
+        prefix = tokens[:k]
+        starts, p = [0], k
+        while p + k <= len(tokens):
+            if tokens[p:p + k] == prefix:
+                starts.append(p)
+                p += k
+            else:
+                p += 1
+        if len(starts) > 1:
+            return starts
+    return [0]
+
+
+def _segment_families(layers: list[tuple[int, int]], names: list[str], kinds: list[str | None],
+                      rules: list[str | None], tokens: list[int], cfg: Config) -> list[str | None]:
+    """Step 3: every kernel's family from its layer's segments."""
+    pieces: list[tuple[int, int]] = []
+    for s, e in layers:
+        starts = piece_starts(tuple(tokens[s:e]))
+        pieces.extend((s + a, s + b) for a, b in zip(starts, starts[1:] + [e - s]))
+    kind_of = [tuple(tokens[s:e]) for s, e in pieces]
+    names_of: dict[tuple, set[str]] = {}
+    for (s, e), kind in zip(pieces, kind_of):
+        names_of.setdefault(kind, set()).update(names[s:e])
+    seen = Counter(name for kind_names in names_of.values() for name in kind_names)
+    family_of: dict[tuple, str] = {}
+    for (s, e), kind in zip(pieces, kind_of):
+        if kind in family_of:
+            continue
+        attention = Counter(k for k in kinds[s:e] if k is not None)
+        unique_rules = {rules[i] for i in range(s, e) if seen[names[i]] == 1}
+        if attention:
+            order = list(cfg.attention_families) + [ATTENTION]
+            family_of[kind] = max(attention, key=lambda f: (attention[f], -order.index(f)))
+        else:
+            family_of[kind] = MOE if MOE in unique_rules else DENSE
+    out: list[str | None] = [None] * len(names)
+    for (s, e), kind in zip(pieces, kind_of):
+        for i in range(s, e):
+            out[i] = rules[i] if rules[i] in cfg.kernel_families else family_of[kind]
+    return out
+
+
+def infer_step(rep: pl.DataFrame, cfg: Config, first_layer: int) -> tuple[list, list, dict] | None:
+    """Layers and families of one representative step (kernels in launch order), with what
+    was found; None when no layer structure is found."""
+    names = rep["name"].to_list()
+    rules = rep.select(rule_family(pl.col("name"), cfg).alias("r"))["r"].to_list()
+    kinds = attention_kinds(names, rules, cfg)
+    by_name = rep["name"].cast(pl.Categorical).to_physical().cast(pl.Int64).to_list()
+    by_signature = rep["signature"].fill_null("").cast(pl.Categorical).to_physical().cast(pl.Int64).to_list() \
+        if "signature" in rep.columns and rep["signature"].null_count() == 0 else None
+    found = None
+    for tokens in (t for t in (by_signature, by_name) if t is not None):
+        layering = find_layers(tokens, cores(tokens, kinds))
+        if layering is not None and (found is None or layering.score[0] < found[1].score[0]):
+            found = (tokens, layering)
+    if found is None:
+        return None
+    tokens, layering = found
+    families = _segment_families(list(layering.bounds), names, kinds, rules, tokens, cfg)
+    layers: list = [None] * len(names)
+    for index, (s, e) in enumerate(layering.bounds):
+        for i in range(s, e):
+            layers[i] = first_layer + index
+    for i in range(len(names)):
+        if layers[i] is None:
+            families[i] = None
+    sequences = Counter(tuple(tokens[s:e]) for s, e in layering.bounds)
+    durations = (rep["end"] - rep["start"]).to_list()
+    total = sum(durations) or 1
+    repeated = sum(sum(durations[s:e]) for s, e in layering.bounds if sequences[tuple(tokens[s:e])] > 1)
+    anchor = names[tokens.index(layering.anchor)]  # the first layer's, when the cores anchor them
+    info = {"layers": len(layering.bounds), "kinds": len(sequences), "anchor": anchor,
+            "confidence": repeated / total,
+            "prologue_kernels": layering.bounds[0][0], "epilogue_kernels": len(names) - layering.bounds[-1][1]}
+    return layers, families, info
+
+
+def inferred(reps: dict[str, pl.DataFrame], wanted: set[str], cfg: Config,
+             first_layer: int) -> tuple[pl.DataFrame, list[dict]]:
+    """Labels for the units in `wanted`, and what was inferred for each (never silently)."""
+    out = [pl.DataFrame(schema=units.mapping_schema())]
+    found = []
+    for unit in sorted(wanted):
+        rep = reps[unit]
+        result = infer_step(rep, cfg, first_layer)
+        if result is None:
+            found.append({"unit": unit, "kernels": rep.height, "layers": 0, "kinds": 0, "anchor": None,
+                          "confidence": 0.0, "prologue_kernels": rep.height, "epilogue_kernels": 0})
+            continue
+        layers, families, info = result
+        found.append({"unit": unit, "kernels": rep.height, **info})
+        out.append(units.mapping(rep, layers, families))
+    return pl.concat(out), found
