@@ -103,7 +103,14 @@ def donor_of(path: Path | None, cfg: Config, env: Environment):
     """The label donor of `--labels-from`: that report, analysed, lends its labelled step."""
     from k3trace.analyses.pipeline import label_donor
 
-    return None if path is None else label_donor(analysis_of(path, cfg, env))
+    if path is None:
+        return None
+    try:
+        return label_donor(analysis_of(path, cfg, env))
+    except ReportError as exc:
+        if exc.problem.startswith("--labels-from"):
+            raise
+        raise ReportError(f"--labels-from {exc.problem}", exc.fix) from None
 
 
 def fail(exc: BaseException) -> None:

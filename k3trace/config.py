@@ -40,6 +40,7 @@ class Config:
     module_rules: tuple[ModuleRule, ...]
     attention_families: tuple[str, ...]
     attention_pattern: str
+    layer_start_pattern: str
     kernel_families: tuple[str, ...]
     first_layer: int
     fmha_pattern: str
@@ -70,6 +71,7 @@ class Config:
                                for r in _rules(labels.get("modules"), "labels.modules")),
             attention_families=tuple(_strings(labels, "labels.attention_families", "attention_families")),
             attention_pattern=_pattern(inference, "labels.inference.attention_pattern", "attention_pattern"),
+            layer_start_pattern=_pattern(inference, "labels.inference.layer_start_pattern", "layer_start_pattern"),
             kernel_families=tuple(_strings(inference, "labels.inference.kernel_families", "kernel_families")),
             first_layer=_int(inference, "labels.inference.first_layer", "first_layer", lo=0),
             fmha_pattern=_pattern(patterns, "patterns.fmha", "fmha"),

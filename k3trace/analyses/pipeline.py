@@ -129,7 +129,8 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
         label_sources=summary.sources,
         label_summary=summary,
         layers=layer_rows,
-        step_range={"form": assignment.range_form, "ranges": assignment.range_count},
+        step_range={"form": assignment.range_form, "forms": dict(assignment.range_forms),
+                    "ranges": assignment.range_count},
         completeness=completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source),
         step_stats={col: steptimes.quantiles_us(step_times[col])
                     for col in ("period", "span", "host", "busy", "residency")},

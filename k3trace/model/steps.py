@@ -30,6 +30,7 @@ class StepAssignment:
     lane: tuple[int, int]      # (global_pid, device_id) analysed
     other_lanes: int           # processes/devices with GPU work that were not analysed
     range_form: str | None = None   # the most common step-range text matched, digits as N
+    range_forms: tuple[tuple[str, int], ...] = ()   # every form matched, with its count
     range_count: int = 0            # step ranges matched on the analysed process
 
 
@@ -55,13 +56,11 @@ def step_ranges(trace: Trace, cfg: Config, pid: int) -> pl.DataFrame:
     )
 
 
-def range_form(ranges: pl.DataFrame) -> str | None:
-    """Which step-range form matched: the most common range text with its numbers as N
-    (`execute_context_N(N)_generation_N(N)`, `[Executor] _forward_step N: ...`)."""
-    if ranges.is_empty():
-        return None
+def range_forms(ranges: pl.DataFrame) -> tuple[tuple[str, int], ...]:
+    """Which step-range forms matched, most common first: the range texts with their numbers
+    as N (`execute_context_N(N)_generation_N(N)`, `[Executor] _forward_step N: ...`)."""
     forms = ranges.select(pl.col("text").str.replace_all(r"\d+", "N").alias("form")).group_by("form").len()
-    return str(forms.sort("len", "form", descending=[True, False])["form"][0])
+    return tuple((str(f), int(n)) for f, n in forms.sort("len", "form", descending=[True, False]).iter_rows())
 
 
 def _in_ranges(kernels: pl.DataFrame, ranges: pl.DataFrame) -> pl.Series:
@@ -132,6 +131,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
     ).drop("order_key")
 
     steps = _step_table(kernels, signature)
+    forms = range_forms(ranges)
     if steps.is_empty():
         replays = "a graph capture but no replay of it" if not trace.graph_nodes.is_empty() else "no graph replays"
         raise ReportError(
@@ -140,7 +140,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
             "record a decode loop of several steps, or set [steps] nvtx_pattern in a --config file",
         )
     return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others,
-                          range_form=range_form(ranges), range_count=ranges.height)
+                          range_form=forms[0][0] if forms else None, range_forms=forms, range_count=ranges.height)
 
 
 def _step_table(kernels: pl.DataFrame, signature: pl.Expr | None) -> pl.DataFrame:

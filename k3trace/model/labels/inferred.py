@@ -28,6 +28,7 @@ reached (METRICS.md, "Inferred layers").
 from __future__ import annotations
 
 import bisect
+import difflib
 import itertools
 import math
 from collections import Counter
@@ -40,8 +41,11 @@ from k3trace.model.labels import units
 from k3trace.model.labels.rules import rule_family
 
 MOE, DENSE, ATTENTION = "moe", "dense", "attention"
-#: Prefix of a layer that must recur for the layer to split into segments.
-MIN_PIECE_PREFIX = 2
+#: Most segments a layer splits into at the recurrences of its first kernels (attention
+#: then MLP is two; a kernel recurring more often is no segment start).
+MAX_PIECES = 4
+#: Attention kernels of one family at most this many kernels apart belong to one attention.
+CORE_GAP = 3
 #: Most per-family offset combinations tried when the cores themselves anchor the layers.
 MAX_OFFSET_COMBINATIONS = 20_000
 
@@ -50,7 +54,7 @@ MAX_OFFSET_COMBINATIONS = 20_000
 class Layering:
     bounds: tuple[tuple[int, int], ...]   # (start, end) of each layer in the sequence
     anchor: int                           # the anchor token
-    score: tuple[int, int, int]
+    score: tuple[int, int, int, int]
 
 
 def attention_kinds(names: list[str], rules: list[str | None], cfg: Config) -> list[str | None]:
@@ -67,16 +71,19 @@ def attention_kinds(names: list[str], rules: list[str | None], cfg: Config) -> l
     return out
 
 
-def cores(tokens: list[int], kinds: list[str | None]) -> list[int]:
-    """Positions of one attention kernel per layer (step 1)."""
+def cores(kinds: list[str | None]) -> list[int]:
+    """Step 1: where each layer's attention starts. Attention kernels of one family less than
+    `CORE_GAP` kernels apart are one attention (MLA: q_concat, q_concat, two GEMM kernels, fmha,
+    combine); layers of one family may use different kernels (sliding-window and full layers)."""
     out: list[int] = []
-    for family in sorted({k for k in kinds if k is not None}):
-        counts = Counter(t for t, k in zip(tokens, kinds) if k == family)
-        by_count = Counter(counts.values())
-        layers = max(by_count, key=lambda c: (by_count[c], -c))
-        marker = next(t for t, k in zip(tokens, kinds) if k == family and counts[t] == layers)
-        out.extend(i for i, (t, k) in enumerate(zip(tokens, kinds)) if t == marker and k == family)
-    return sorted(out)
+    last: dict[str, int] = {}
+    for i, kind in enumerate(kinds):
+        if kind is None:
+            continue
+        if kind not in last or i - last[kind] > CORE_GAP:
+            out.append(i)
+        last[kind] = i
+    return out
 
 
 def _interleaved(anchors: list[int], core: list[int]) -> bool:
@@ -142,7 +149,8 @@ def _before(tokens: list[int], anchors: list[int], offsets: list[int]) -> tuple[
     return starts, _last_end(tokens, starts[-1], anchors[-1] + 1, inner, typical)
 
 
-def _evaluate(tokens: list[int], cut: tuple[list[int], int] | None, core: list[int], anchor: int) -> Layering | None:
+def _evaluate(tokens: list[int], cut: tuple[list[int], int] | None, core: list[int], anchor: int,
+              starters: list[bool]) -> Layering | None:
     if cut is None:
         return None
     starts, last_end = cut
@@ -152,10 +160,12 @@ def _evaluate(tokens: list[int], cut: tuple[list[int], int] | None, core: list[i
         if bisect.bisect_left(core, e) - bisect.bisect_left(core, s) != 1:
             return None
     kinds = len({tuple(tokens[s:e]) for s, e in bounds})
-    return Layering(bounds, anchor, (kinds, bounds[0][0] + len(tokens) - bounds[-1][1], sum(starts)))
+    normed = all(starters[s] for s, e in bounds if e > s)
+    return Layering(bounds, anchor, (0 if normed else 1, kinds, bounds[0][0] + len(tokens) - bounds[-1][1],
+                                     sum(starts)))
 
 
-def find_layers(tokens: list[int], core: list[int]) -> Layering | None:
+def find_layers(tokens: list[int], core: list[int], starters: list[bool]) -> Layering | None:
     """Step 2: the best layering over every anchor and offset: a kernel once per layer with
     one offset after or before it; else the cores, each attention family with its own
     offset before its core (the kernels before an attention are the same in every layer of
@@ -178,8 +188,8 @@ def find_layers(tokens: list[int], core: list[int]) -> Layering | None:
             continue
         gap = min(b - a for a, b in zip(anchors, anchors[1:]))
         for offset in range(gap):
-            consider(_evaluate(tokens, _after(tokens, anchors, offset), core, token))
-            consider(_evaluate(tokens, _before(tokens, anchors, [offset] * count), core, token))
+            consider(_evaluate(tokens, _after(tokens, anchors, offset), core, token, starters))
+            consider(_evaluate(tokens, _before(tokens, anchors, [offset] * count), core, token, starters))
     kinds = [tokens[c] for c in core]
     classes = sorted(set(kinds))
     room = {k: min([core[0]] * (kinds[0] == k) + [core[j] - core[j - 1] - 1 for j in range(1, count)
@@ -187,13 +197,15 @@ def find_layers(tokens: list[int], core: list[int]) -> Layering | None:
     if len(classes) > 1 and math.prod(room[k] + 1 for k in classes) <= MAX_OFFSET_COMBINATIONS:
         for offsets in itertools.product(*(range(room[k] + 1) for k in classes)):
             by_class = dict(zip(classes, offsets))
-            consider(_evaluate(tokens, _before(tokens, core, [by_class[k] for k in kinds]), core, kinds[0]))
+            consider(_evaluate(tokens, _before(tokens, core, [by_class[k] for k in kinds]), core, kinds[0],
+                               starters))
     return best
 
 
 def piece_starts(tokens: tuple) -> list[int]:
-    """Step 3: where a layer's segments start (the recurrences of its longest recurring prefix)."""
-    for k in range(len(tokens) // 2, MIN_PIECE_PREFIX - 1, -1):
+    """Step 3: where a layer's segments start: the recurrences of its longest recurring
+    prefix (a fused RMSNorm is one kernel, the eager one eight), at most `MAX_PIECES`."""
+    for k in range(len(tokens) // 2, 0, -1):
         prefix = tokens[:k]
         starts, p = [0], k
         while p + k <= len(tokens):
@@ -202,33 +214,58 @@ def piece_starts(tokens: tuple) -> list[int]:
                 p += k
             else:
                 p += 1
-        if len(starts) > 1:
+        if 1 < len(starts) <= MAX_PIECES:
             return starts
     return [0]
+
+
+def _split_like(tokens: tuple, kinds: dict[tuple, list[int]]) -> list[int]:
+    """A layer whose start does not recur (the first layer's norm has no residual to add)
+    splits where the most similar layer that does split splits, through their alignment."""
+    best, starts = 0.0, [0]
+    for other, other_starts in kinds.items():
+        if len(other_starts) < 2:
+            continue
+        matcher = difflib.SequenceMatcher(a=other, b=tokens, autojunk=False)
+        if matcher.ratio() <= best:
+            continue
+        pairs = dict((i + k, j + k) for i, j, n in matcher.get_matching_blocks() for k in range(n))
+        mapped = [0]
+        for p in other_starts[1:]:  # the aligned position of the split, else of the next matched kernel
+            at = next((pairs[q] for q in range(p, len(other)) if q in pairs), None)
+            if at is not None and at > mapped[-1]:
+                mapped.append(at)
+        if len(mapped) == len(other_starts):
+            best, starts = matcher.ratio(), mapped
+    return starts
 
 
 def _segment_families(layers: list[tuple[int, int]], names: list[str], kinds: list[str | None],
                       rules: list[str | None], tokens: list[int], cfg: Config) -> list[str | None]:
     """Step 3: every kernel's family from its layer's segments."""
+    splits = {tuple(tokens[s:e]): piece_starts(tuple(tokens[s:e])) for s, e in layers}
+    splits = {kind: starts if len(starts) > 1 else _split_like(kind, splits) for kind, starts in splits.items()}
     pieces: list[tuple[int, int]] = []
     for s, e in layers:
-        starts = piece_starts(tuple(tokens[s:e]))
+        starts = splits[tuple(tokens[s:e])]
         pieces.extend((s + a, s + b) for a, b in zip(starts, starts[1:] + [e - s]))
     kind_of = [tuple(tokens[s:e]) for s, e in pieces]
-    names_of: dict[tuple, set[str]] = {}
+    attention_of = {kind: Counter(k for k in kinds[s:e] if k is not None) for (s, e), kind in zip(pieces, kind_of)}
+    # A name tells an MLP segment's kind only if no other kind of MLP segment has it (K3's
+    # dense MLP and its MoE both run situ_mul).
+    ffn_names: dict[tuple, set[str]] = {}
     for (s, e), kind in zip(pieces, kind_of):
-        names_of.setdefault(kind, set()).update(names[s:e])
-    seen = Counter(name for kind_names in names_of.values() for name in kind_names)
+        if not attention_of[kind]:
+            ffn_names.setdefault(kind, set()).update(names[s:e])
+    seen = Counter(name for kind_names in ffn_names.values() for name in kind_names)
+    order = list(cfg.attention_families) + [ATTENTION]
     family_of: dict[tuple, str] = {}
     for (s, e), kind in zip(pieces, kind_of):
-        if kind in family_of:
-            continue
-        attention = Counter(k for k in kinds[s:e] if k is not None)
-        unique_rules = {rules[i] for i in range(s, e) if seen[names[i]] == 1}
+        attention = attention_of[kind]
         if attention:
-            order = list(cfg.attention_families) + [ATTENTION]
             family_of[kind] = max(attention, key=lambda f: (attention[f], -order.index(f)))
         else:
+            unique_rules = {rules[i] for i in range(s, e) if seen[names[i]] == 1}
             family_of[kind] = MOE if MOE in unique_rules else DENSE
     out: list[str | None] = [None] * len(names)
     for (s, e), kind in zip(pieces, kind_of):
@@ -243,13 +280,15 @@ def infer_step(rep: pl.DataFrame, cfg: Config, first_layer: int) -> tuple[list, 
     names = rep["name"].to_list()
     rules = rep.select(rule_family(pl.col("name"), cfg).alias("r"))["r"].to_list()
     kinds = attention_kinds(names, rules, cfg)
+    starters = pl.Series(names, dtype=pl.String).str.contains(cfg.layer_start_pattern).to_list()
+    core = cores(kinds)
     by_name = rep["name"].cast(pl.Categorical).to_physical().cast(pl.Int64).to_list()
     by_signature = rep["signature"].fill_null("").cast(pl.Categorical).to_physical().cast(pl.Int64).to_list() \
         if "signature" in rep.columns and rep["signature"].null_count() == 0 else None
     found = None
     for tokens in (t for t in (by_signature, by_name) if t is not None):
-        layering = find_layers(tokens, cores(tokens, kinds))
-        if layering is not None and (found is None or layering.score[0] < found[1].score[0]):
+        layering = find_layers(tokens, core, starters)
+        if layering is not None and (found is None or layering.score[:2] < found[1].score[:2]):
             found = (tokens, layering)
     if found is None:
         return None
