@@ -1,28 +1,32 @@
 """Source `inferred`: layers found in the repeating kernel sequence of a replay no label
 reached (METRICS.md, "Inferred layers").
 
-1. Every decoder layer holds one attention: attention kernels are those whose name rule
-   gives an `attention_families` family, or that match `[labels.inference]
-   attention_pattern`. Per attention family, the number of its layers is the most common
-   occurrence count of its kernels (MLA: q_concat twice, fmha once per layer -> once); one
-   kernel of that count marks each layer's attention (its *core*).
-2. An *anchor* is a kernel that occurs once per layer, interleaved with the cores (K3's
-   residual add ends every layer). Layer boundaries sit a fixed number of kernels after
-   each anchor, or before it; the first layer starts where the sequence starts like the
-   other layers do, the last ends where it ends like them. Among all anchors and offsets
-   with exactly one core per layer, the one with the fewest distinct layer sequences wins,
-   then the shortest prologue plus epilogue, then the earliest boundaries (a layer starts
-   with its norm, not with the previous layer's residual add).
-   Kernels are compared by signature (demangled name, grid, block), else by name.
-3. Inside a layer, the run of kernels it starts with recurs where its second half starts
-   (K3: the attention-residual pair before attention and before the MoE; Llama: the
-   RMSNorm before attention and before the MLP): segments start there. A segment holding an
-   attention kernel takes that attention family (`attention` when only the pattern
-   matched); another is `moe` when a kernel name found in no other kind of segment matches
-   the `moe` name rule, else `dense`. Kernels whose name rule gives a `kernel_families`
-   family (`attn_res`) keep it.
-4. Layers are numbered in order from `first_layer`. Confidence: the share of the replay's
-   kernel time in layers whose kernel sequence another layer repeats.
+1. Every decoder layer holds one attention. Attention kernels: those whose name rule gives an
+   `attention_families` family, or that match `[labels.inference] attention_pattern`;
+   attention kernels of one family less than `CORE_GAP` kernels apart are one attention
+   (MLA: q_concat twice, two GEMM kernels, fmha, combine). Their count is the layer count.
+2. The boundaries: an *anchor* is a kernel occurring once per layer, interleaved with the
+   attentions (K3's residual add ends every layer); boundaries sit a fixed number of kernels
+   after each anchor, or before it. With no such kernel (or as well), the attentions anchor
+   the layers, each attention family with its own offset (the kernels before an attention
+   are the same in every layer of its kind, whatever the layer before was). The first layer
+   starts where the sequence starts most like the other layers, the last ends where it ends
+   most like them. Among all anchors and offsets with exactly one attention per layer, the
+   winner has every layer open with a kernel matching `layer_start_pattern` (a pre-norm
+   layer opens with its norm), then the fewest distinct layer sequences, then the shortest
+   prologue plus epilogue, then the earliest boundaries. Kernels are compared by signature
+   (demangled name, grid, block) where they have one, else by name.
+3. Segments: a layer's first kernels recur where its second half starts (K3: the attention
+   residual pair before the attention and before the MoE; Llama: the RMSNorm before the
+   attention and before the MLP); a layer whose start does not recur (the first layer's norm
+   adds no residual) splits where the most similar layer does. A segment holding an
+   attention is that attention family (`attention` when only the pattern matched); another
+   is `moe` when one of its kernel names, found in no other kind of MLP segment, matches the
+   `moe` name rule, else `dense`. Kernels whose name rule gives a `kernel_families` family
+   (`attn_res`) keep it.
+4. Layers are numbered in order from `first_layer` (from 0 under an engine's convention).
+   Confidence: the share of the replay's kernel time in layers whose kernel sequence
+   another layer repeats; the report gives it with the layer and kind counts.
 """
 
 from __future__ import annotations
