@@ -156,12 +156,11 @@ def _checked_ranges(trace: Trace, cfg: Config, pid: int) -> pl.DataFrame:
     nothing). A zero-length range (a marker pushed and popped at once) and an engine's
     output range (pushed and popped after a module's forward) hold nothing by design."""
     module = pl.col("text").str.extract_groups(cfg.module_pattern)
-    layer_module = pl.col("text").str.contains(cfg.module_pattern) & (module.struct.field("rest") == "")
-    return trace.nvtx.filter(
-        pl.col("global_pid") == pid, pl.col("end").is_not_null(), pl.col("end") > pl.col("start"),
-        ~pl.col("text").str.contains(OUTPUT_RANGE),
+    live = trace.nvtx.filter(pl.col("global_pid") == pid, pl.col("end").is_not_null(), pl.col("end") > pl.col("start"),
+                             ~pl.col("text").str.contains(OUTPUT_RANGE))
+    return live.filter(
         pl.col("text").str.contains(cfg.step_nvtx_pattern) | pl.col("text").str.contains(cfg.layer_pattern)
-        | layer_module,
+        | (module.struct.field("rest") == "").fill_null(False),
     )
 
 

@@ -53,7 +53,7 @@ def _fill_units(out: pl.DataFrame, mapping: pl.DataFrame, source: str) -> pl.Dat
 
 def label(trace: Trace, assignment: StepAssignment, cfg: Config, donor: LabelDonor | None = None) -> Labelling:
     pid = assignment.lane[0]
-    kernels = units.with_units(assignment.kernels, assignment.steps)
+    kernels = assignment.kernels
     own_ranges = own.layer_ranges(trace, cfg, pid)
     module_ranges = modules.module_ranges(trace, cfg, pid)
     # Eager launches are looked up at their launch call; a replay's nodes (once per graph
@@ -89,26 +89,26 @@ def label(trace: Trace, assignment: StepAssignment, cfg: Config, donor: LabelDon
 
     conv, evidence = convention(own_ranges.height, modules.convention(module_ranges), module_ranges.height,
                                 assignment.range_form)
-    reps = units.representatives(out)
-    wanted = units.needing(out)
-    graphs = {u for u in wanted if u.startswith("g")}
-    if graphs:
-        out = _fill_units(out, aligned.aligned_eager(out, reps, graphs, (NVTX_SOURCE, MODULE_SOURCE)), ALIGNED_SOURCE)
-    donor_coverage = None
-    if donor is not None:
+    donor_coverage, found = None, []
+    # The later sources work on whole units (a graph, an eager step signature) with no label.
+    if not out.filter(pl.col("step").is_not_null(), pl.col("layer").is_null()).is_empty():
+        out = units.with_units(out, assignment.steps)
         wanted = units.needing(out)
-        if wanted:
-            reps = units.representatives(out)
-            lent, matched = donor_source.donated(reps, wanted, donor)
+        graphs = {u for u in wanted if u.startswith("g")}
+        if graphs:
+            lent = aligned.aligned_eager(out, units.representatives(out), graphs, (NVTX_SOURCE, MODULE_SOURCE))
+            out = _fill_units(out, lent, ALIGNED_SOURCE)
+            wanted -= set(lent["unit"].to_list())
+        if donor is not None and wanted:
+            lent, matched = donor_source.donated(units.representatives(out), wanted, donor)
             out = _fill_units(out, lent, DONOR_SOURCE)
             donor_coverage = min(matched.values())
-    found: list[dict] = []
-    wanted = units.needing(out)
-    if wanted:
-        reps = units.representatives(out)
-        first = 0 if conv in ZERO_BASED else cfg.first_layer
-        guessed, found = inferred.inferred(reps, wanted, cfg, first)
-        out = _fill_units(out, guessed, INFERRED_SOURCE)
+            wanted -= set(lent["unit"].to_list())
+        if wanted:
+            first = 0 if conv in ZERO_BASED else cfg.first_layer
+            guessed, found = inferred.inferred(units.representatives(out), wanted, cfg, first)
+            out = _fill_units(out, guessed, INFERRED_SOURCE)
+        out = out.drop("unit")
 
     rule = rule_family(pl.col("name"), cfg)
     out = out.with_columns(

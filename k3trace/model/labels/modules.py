@@ -33,9 +33,10 @@ def module_ranges(trace: Trace, cfg: Config, pid: int) -> pl.DataFrame:
     null for the layer's own range), below (module names under the child), prefix."""
     ranges = trace.nvtx.filter(
         pl.col("global_pid") == pid, pl.col("end").is_not_null(), pl.col("end") > pl.col("start"),
-        pl.col("text").str.contains(cfg.module_pattern), ~pl.col("text").str.contains(OUTPUT_RANGE),
-    )
-    parts = pl.col("text").str.extract_groups(cfg.module_pattern)
+        ~pl.col("text").str.contains(OUTPUT_RANGE),
+    ).with_columns(pl.col("text").str.extract_groups(cfg.module_pattern).alias("_parts")).filter(
+        pl.col("_parts").struct.field("index").is_not_null())
+    parts = pl.col("_parts")
     names = parts.struct.field("rest").str.strip_chars_start(".").str.split(".")
     return ranges.select(
         pl.col("global_tid").alias("tid"), pl.col("start").alias("range_start"), pl.col("end").alias("range_end"),
@@ -74,12 +75,15 @@ def resolve_families(labelled: pl.DataFrame, ranges: pl.DataFrame, cfg: Config) 
     with_family = labelled.join(child_families(ranges, cfg), on=["layer", "child"], how="left").with_columns(
         pl.when(pl.col("child").is_null()).then(pl.lit(OTHER))
         .otherwise(pl.col("module_family").fill_null(OTHER)).alias("module_family"))
-    attention = with_family.filter(pl.col("module_family") == ATTENTION).with_columns(
-        rule_family(pl.col("name"), cfg).alias("rule"))
+    # Name rules once per distinct kernel name inside each attention child, weighted by count.
+    attention = (
+        with_family.filter(pl.col("module_family") == ATTENTION).group_by("layer", "child", "name").len()
+        .with_columns(rule_family(pl.col("name"), cfg).alias("rule"))
+    )
     order = {family: i for i, family in enumerate(cfg.attention_families)}
     split = (
         attention.filter(pl.col("rule").is_in(list(cfg.attention_families)))
-        .group_by("layer", "child", "rule").len()
+        .group_by("layer", "child", "rule").agg(pl.col("len").sum())
         .with_columns(pl.col("rule").replace_strict(order, return_dtype=pl.Int64).alias("order"))
         .sort("len", "order", descending=[True, False])
         .unique(["layer", "child"], keep="first")
