@@ -26,10 +26,10 @@ def layer_table(overlap: StepOverlap, path: pl.DataFrame) -> pl.DataFrame:
         grid.join(busy, on=["step", "layer"], how="left").join(counts, on=["step", "layer"], how="left")
         .join(critical, on=["step", "layer"], how="left").fill_null(0)
     )
-    families = (
-        k.sort("step", "launch_rank").group_by("layer", maintain_order=True)
-        .agg(pl.col("family").unique(maintain_order=True).alias("families"))
-    )
+    # Stable steps share one kernel sequence: one of them gives each layer's families in order.
+    one = k.filter(pl.col("step") == k["step"].min()).sort("launch_rank")
+    families = one.group_by("layer", maintain_order=True).agg(
+        pl.col("family").unique(maintain_order=True).alias("families"))
     return (
         per_step.group_by("layer").agg(
             pl.col("kernels").median().cast(pl.Float64).alias("kernels_per_step"),
