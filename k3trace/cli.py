@@ -229,14 +229,28 @@ def _progress(label: str) -> Iterator:
             progress.stop()
 
 
-def analysis_of(path: Path, cfg: Config, env: Environment):
+def analysis_of(path: Path, cfg: Config, env: Environment, donor=None):
     from k3trace.analyses import analyze_report
 
     with _progress(path.name) as update:
-        return analyze_report(path, cfg, cache_dir=env.cache_dir, tools=env.tools, progress=update)
+        return analyze_report(path, cfg, cache_dir=env.cache_dir, tools=env.tools, progress=update, donor=donor)
 
 
-def analyses_of(paths: tuple[Path, ...], cfg: Config, env: Environment) -> list:
+def donor_of(path: Path | None, cfg: Config, env: Environment):
+    """The label donor of `--labels-from`: that report, analysed, lends its labelled step."""
+    from k3trace.analyses.pipeline import label_donor
+
+    if path is None:
+        return None
+    try:
+        return label_donor(analysis_of(path, cfg, env))
+    except ReportError as exc:
+        if exc.problem.startswith("--labels-from"):
+            raise
+        raise ReportError(f"--labels-from {exc.problem}", exc.fix) from None
+
+
+def analyses_of(paths: tuple[Path, ...], cfg: Config, env: Environment, donor=None) -> list:
     """Several reports analysed side by side in threads (polars and numpy release the GIL;
     measured on the two full-depth K3 exports: 3.25 s against 3.53 s one after the other),
     without progress spinners, which would write over each other."""
@@ -245,9 +259,10 @@ def analyses_of(paths: tuple[Path, ...], cfg: Config, env: Environment) -> list:
     from k3trace.analyses import analyze_report
 
     if len(paths) == 1:
-        return [analysis_of(paths[0], cfg, env)]
+        return [analysis_of(paths[0], cfg, env, donor)]
     with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 1, 4)) as pool:
-        return list(pool.map(lambda p: analyze_report(p, cfg, cache_dir=env.cache_dir, tools=env.tools), paths))
+        return list(pool.map(lambda p: analyze_report(p, cfg, cache_dir=env.cache_dir, tools=env.tools, donor=donor),
+                             paths))
 
 
 def fail(exc: BaseException) -> None:
@@ -309,6 +324,8 @@ NoCache = typer.Option(False, "--no-cache", help="Neither read nor write the cac
 ConfigOpt = typer.Option(None, "--config", help="TOML file overriding k3trace's K3 defaults.")
 Width = typer.Option(None, "--width", min=40, help="Terminal output width (default: the terminal's; piped: "
                                                    "COLUMNS, else 200). Names wrap, never cut.")
+LabelsFrom = typer.Option(None, "--labels-from", help="A labelled report of the same model (e.g. an eager run with "
+                                                      "layerwise NVTX) whose layer labels replays without any take.")
 
 
 @dataclass(frozen=True)
@@ -319,12 +336,13 @@ class AnalyzeOptions:
     env: Environment
     html: Path | None = None
     width: int | None = None
+    labels_from: Path | None = None
 
 
 def run_analyze(opts: AnalyzeOptions):
     from k3trace.render.terminal import render_analysis
 
-    analysis = analysis_of(opts.report, opts.config, opts.env)
+    analysis = analysis_of(opts.report, opts.config, opts.env, donor_of(opts.labels_from, opts.config, opts.env))
     if opts.html is not None:
         from k3trace.render.html import write_analysis_page
 
@@ -380,6 +398,7 @@ def analyze_cmd(
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (engine dask)."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report (one report)."),
     width: Optional[int] = Width,
+    labels_from: Optional[Path] = LabelsFrom,
 ) -> None:
     """A decode step's anatomy: steps, families, two-stream residency, exposed time, PDL."""
     with one_line_errors():
@@ -393,10 +412,12 @@ def analyze_cmd(
             if html is not None:
                 raise ReportError(f"--html writes the report of one trace, and {len(paths)} were given",
                                   "run `k3trace analyze REPORT --html FILE` once per rank")
+            if labels_from is not None:
+                raise ReportError("--labels-from takes one report to analyze", "analyze the rank reports one by one")
             run_ranks(RanksOptions(tuple(paths), json_out, load_config(config), env, workers, memory_gb,
                                    engine.value, scheduler, width))
             return
-        run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config), env, html, width))
+        run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config), env, html, width, labels_from))
 
 
 @dataclass(frozen=True)
@@ -409,6 +430,7 @@ class DiffOptions:
     config: Config
     env: Environment
     width: int | None = None
+    labels_from: Path | None = None
 
 
 def run_diff(opts: DiffOptions) -> None:
@@ -416,7 +438,8 @@ def run_diff(opts: DiffOptions) -> None:
     from k3trace.diff.noise import SLOWER
     from k3trace.render.terminal import diff_markdown, render_diff
 
-    both = analyses_of(opts.old + opts.new, opts.config, opts.env)
+    donor = donor_of(opts.labels_from, opts.config, opts.env)
+    both = analyses_of(opts.old + opts.new, opts.config, opts.env, donor)
     old, new = both[:len(opts.old)], both[len(opts.old):]
     result = diff(old, new)
     if opts.html is not None:
@@ -449,6 +472,7 @@ def diff_cmd(
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
     width: Optional[int] = Width,
+    labels_from: Optional[Path] = LabelsFrom,
 ) -> None:
     """Which kernel change moved the ITL between two builds, against the noise band."""
     with one_line_errors():
@@ -469,7 +493,7 @@ def diff_cmd(
         if html is not None:
             output_file(html, "HTML report")
         run_diff(DiffOptions(tuple(old), tuple(new), "json" if json_out else output_format, html, fail_on,
-                             load_config(config), Environment.resolve(cache_dir, no_cache), width))
+                             load_config(config), Environment.resolve(cache_dir, no_cache), width, labels_from))
 
 
 @app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

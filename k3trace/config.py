@@ -21,6 +21,13 @@ class NameRule:
 
 
 @dataclass(frozen=True)
+class ModuleRule:
+    """A layer's child module whose name (or a name below it) matches `pattern` gets `family`."""
+    pattern: str
+    family: str
+
+
+@dataclass(frozen=True)
 class Config:
     step_nvtx_pattern: str
     warmup_steps: int
@@ -29,6 +36,13 @@ class Config:
     layer_pattern: str
     families: tuple[str, ...]
     name_rules: tuple[NameRule, ...]
+    module_pattern: str
+    module_rules: tuple[ModuleRule, ...]
+    attention_families: tuple[str, ...]
+    attention_pattern: str
+    layer_start_pattern: str
+    kernel_families: tuple[str, ...]
+    first_layer: int
     fmha_pattern: str
     residual_pattern: str
     full_attention_families: tuple[str, ...]
@@ -42,6 +56,7 @@ class Config:
     @classmethod
     def from_toml(cls, data: dict[str, Any]) -> "Config":
         steps, labels = data["steps"], data["labels"]
+        inference = labels["inference"]
         patterns, pdl, comp, inp = data["patterns"], data["pdl"], data["completeness"], data["input"]
         cfg = cls(
             step_nvtx_pattern=_pattern(steps, "steps.nvtx_pattern", "nvtx_pattern"),
@@ -51,6 +66,14 @@ class Config:
             layer_pattern=_pattern(labels, "labels.layer_pattern", "layer_pattern"),
             families=tuple(_strings(labels, "labels.families", "families")),
             name_rules=tuple(_rules(labels.get("name_rules"))),
+            module_pattern=_pattern(labels, "labels.module_pattern", "module_pattern"),
+            module_rules=tuple(ModuleRule(r.pattern, r.family)
+                               for r in _rules(labels.get("modules"), "labels.modules")),
+            attention_families=tuple(_strings(labels, "labels.attention_families", "attention_families")),
+            attention_pattern=_pattern(inference, "labels.inference.attention_pattern", "attention_pattern"),
+            layer_start_pattern=_pattern(inference, "labels.inference.layer_start_pattern", "layer_start_pattern"),
+            kernel_families=tuple(_strings(inference, "labels.inference.kernel_families", "kernel_families")),
+            first_layer=_int(inference, "labels.inference.first_layer", "first_layer", lo=0),
             fmha_pattern=_pattern(patterns, "patterns.fmha", "fmha"),
             residual_pattern=_pattern(patterns, "patterns.residual", "residual"),
             full_attention_families=tuple(_strings(patterns, "patterns.full_attention_families",
@@ -65,6 +88,9 @@ class Config:
         )
         if not {"index", "family"} <= set(re.compile(cfg.layer_pattern).groupindex):
             raise ValueError("labels.layer_pattern needs the named groups (?P<index>...) and (?P<family>...)")
+        if not {"prefix", "index", "rest"} <= set(re.compile(cfg.module_pattern).groupindex):
+            raise ValueError("labels.module_pattern needs the named groups (?P<prefix>...), (?P<index>...) "
+                             "and (?P<rest>...)")
         return cfg
 
 
@@ -128,12 +154,12 @@ def _strings(section: dict, name: str, key: str) -> list[str]:
     return value
 
 
-def _rules(value: Any) -> list[NameRule]:
+def _rules(value: Any, name: str = "labels.name_rules") -> list[NameRule]:
     if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
-        raise ValueError("labels.name_rules must be a list of tables ([[labels.name_rules]])")
+        raise ValueError(f"{name} must be a list of tables ([[{name}]])")
     out = []
     for i, rule in enumerate(value):
-        where = f"labels.name_rules[{i}]"
+        where = f"{name}[{i}]"
         _known_keys(rule, {"pattern": None, "family": None}, where + ".")
         if not isinstance(rule.get("family"), str):
             raise ValueError(f"{where}.family must be a string")

@@ -116,17 +116,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timings-json", default="")
     p.add_argument("--kineto", default="", help="record with torch.profiler into this Chrome trace (.json[.gz]) "
                                                 "instead of opening an nsys capture range")
+    p.add_argument("--nvtx-style", choices=("k3", "vllm"), default="k3",
+                   help="k3-decode: layer ranges in k3trace's style, or vLLM's layerwise module tree with its "
+                        "execute_context_..._generation_... step ranges")
     args = p.parse_args(argv)
 
     model = build(args)
+    step_range = lambda i: k3names.STEP_RANGE  # noqa: E731
+    if args.nvtx_style != "k3":
+        if not hasattr(model, "nvtx_style"):
+            p.error("--nvtx-style vllm needs --workload k3-decode")
+        model.nvtx_style = args.nvtx_style
+        step_range = lambda i: f"execute_context_0(0)_generation_{args.batch}({i})"  # noqa: E731
     for _ in range(args.warmup):  # compiles every Triton kernel before anything is recorded
         model.step()
     torch.cuda.synchronize()
 
     graph = capture(model) if args.capture == "before" else None
     window = _open_window(args.kineto)
-    for _ in range(args.eager_steps):
-        with nvtx_range(k3names.STEP_RANGE):
+    for i in range(args.eager_steps):
+        with nvtx_range(step_range(i)):
             model.step()
         torch.cuda.synchronize()
     if graph is None:
@@ -137,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.nvtx.mark(plan)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(args.steps):
-        with nvtx_range(k3names.STEP_RANGE):
+    for i in range(args.steps):
+        with nvtx_range(step_range(args.eager_steps + i)):
             graph.replay()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) / max(args.steps, 1) * 1e3

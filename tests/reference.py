@@ -4,7 +4,10 @@ Independent of k3trace: stdlib only (sqlite3, re, statistics, tomllib), integer 
 lists and dicts, simple loops. It reads one nsys 2023.4.4 SQLite export and recomputes
 
 - the decode steps (graph replays), their period/span/host, the stable set;
-- every kernel's layer/family label and which source gave it;
+- every kernel's layer/family label and which source gave it: k3trace's own `layer.N.family`
+  ranges, serving engines' module-path ranges (`{'Module': 'top.model.layers.3.self_attn', ...}`),
+  both at launch or at graph-node creation, an annotated eager step aligned by name, and a
+  donor's labelled step (`--labels-from`);
 - per family and per kernel name the busy / residency / exposed numbers;
 - PDL edges per step and the pre-attention window.
 
@@ -33,6 +36,8 @@ def settings(path: Path = DEFAULTS) -> dict:
         "mad_k": float(t["steps"]["mad_k"]),
         "layer_pattern": re.compile(t["labels"]["layer_pattern"]),
         "name_rules": [(re.compile(r["pattern"]), r["family"]) for r in t["labels"].get("name_rules", [])],
+        "module_rules": [(re.compile(r["pattern"]), r["family"]) for r in t["labels"].get("modules", [])],
+        "attention_families": list(t["labels"]["attention_families"]),
         "fmha": re.compile(t["patterns"]["fmha"]),
         "residual": re.compile(t["patterns"]["residual"]),
         "full_attention_families": list(t["patterns"]["full_attention_families"]),
@@ -177,11 +182,17 @@ def _strings(db):
     return dict(db.execute("SELECT id, value FROM StringIds"))
 
 
+def _nvtx_rows(db):
+    """Push/pop ranges (none when the report has no NVTX table: recorded without NVTX)."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'NVTX_EVENTS'").fetchone():
+        return []
+    return db.execute("SELECT start, end, text, textId, globalTid FROM NVTX_EVENTS WHERE eventType = ?", (NVTX_RANGE,))
+
+
 def _nvtx_layer_ranges(db, strings, pattern):
     """thread -> list of (start, end, layer, family) for every range matching the pattern."""
     by_tid: dict[int, list] = {}
-    for start, end, text, text_id, tid in db.execute(
-            "SELECT start, end, text, textId, globalTid FROM NVTX_EVENTS WHERE eventType = ?", (NVTX_RANGE,)):
+    for start, end, text, text_id, tid in _nvtx_rows(db):
         if end is None:
             continue
         label = text if text is not None else strings.get(text_id)
@@ -194,6 +205,61 @@ def _nvtx_layer_ranges(db, strings, pattern):
     return by_tid
 
 
+MODULE_DICT = re.compile(r"^\{'Module': '([^']*)'(, '(\w+)')?")
+PLAIN_PATH = re.compile(r"[A-Za-z_]\w*(\.\w+)*")
+
+
+def module_path(text):
+    """(layer, child, names below the child) of a module-path range text, or None. The
+    engines' output ranges (`{'Module': ..., 'Outputs': ...}`) are not layer ranges."""
+    m = MODULE_DICT.match(text)
+    if m:
+        if m.group(3) == "Outputs":
+            return None
+        path = m.group(1)
+    elif PLAIN_PATH.fullmatch(text):
+        path = text
+    else:
+        return None
+    parts = path.split(".")
+    for i in range(len(parts) - 1):
+        if parts[i] == "layers" and parts[i + 1].isdigit():
+            child = parts[i + 2] if len(parts) > i + 2 else None
+            return int(parts[i + 1]), child, tuple(parts[i + 3:])
+    return None
+
+
+def _nvtx_module_ranges(db, strings):
+    """thread -> list of (start, end, layer, child, below) for every module-path layer range."""
+    by_tid: dict[int, list] = {}
+    for start, end, text, text_id, tid in _nvtx_rows(db):
+        if end is None or end <= start:
+            continue
+        label = text if text is not None else strings.get(text_id)
+        parsed = module_path(label) if label is not None else None
+        if parsed:
+            by_tid.setdefault(tid, []).append((start, end, *parsed))
+    return by_tid
+
+
+def innermost_many(ranges, points):
+    """For (key, t) points on one thread: key -> the innermost range (latest start) enclosing t.
+    A stack sweep: nested ranges end inner-first."""
+    ranges = sorted(ranges, key=lambda r: (r[0], -r[1]))
+    out, stack, i = {}, [], 0
+    for key, t in sorted(points, key=lambda p: p[1]):
+        while i < len(ranges) and ranges[i][0] <= t:
+            stack.append(ranges[i])
+            i += 1
+        while stack and stack[-1][1] < t:
+            stack.pop()
+        # ranges that ended under a still-open one (start/end ranges) are skipped too
+        live = [r for r in reversed(stack) if r[0] <= t <= r[1]][:1]
+        if live:
+            out[key] = live[0]
+    return out
+
+
 def _enclosing(ranges, t):
     """Innermost (latest-starting) range enclosing time t."""
     best = None
@@ -203,57 +269,87 @@ def _enclosing(ranges, t):
     return best
 
 
-def compute(path, cfg: dict | None = None) -> Reference:
+def compute(path, cfg: dict | None = None, donor: list | None = None) -> Reference:
+    """`donor`: (name, layer, family) of a donor's labelled step, in launch order (donor_step)."""
     cfg = cfg or settings()
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return _compute(db, cfg)
+        return _compute(db, cfg, donor)
     finally:
         db.close()
 
 
-def _compute(db, cfg) -> Reference:
-    strings = _strings(db)
-    kernels = []
-    for i, (start, end, stream, corr, pid, short, node) in enumerate(db.execute(
-            "SELECT start, end, streamId, correlationId, globalPid, shortName, graphNodeId "
-            "FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start, end")):
-        kernels.append(Kernel(i, start, end, stream, corr, pid, strings[short], node))
+def donor_step(ref: "Reference") -> list:
+    """A labelled eager recording as a donor: (name, layer, family) of its eager launches in
+    launch order (labels from its layer or module ranges only); a replay takes the first run
+    of them with its names."""
+    eager = sorted((k for k in ref.kernels if k.exec_node is None and k.launch_start is not None),
+                   key=lambda k: (k.launch_start, k.start))
+    return [(k.name, k.layer if k.source in ("nvtx", "module") else None,
+             k.family if k.source in ("nvtx", "module") else None) for k in eager]
 
-    launches = {}
-    for start, tid, corr in db.execute(
-            "SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"):
-        launches[(tid & PID_MASK, corr)] = (start, tid)
+
+def _module_labels(kernels, steps, created, modules, cfg) -> None:
+    """Module-path labels: the innermost module range carrying `layers.N` around the launch
+    (eager) or the node's creation (replays); the family of the layer's child module from
+    the module table (its name or any name below it, first entry wins), `other` for the
+    layer's own launches or a child matching no entry; an `attention` child becomes the
+    attention family most of its kernels' name rules give."""
+    points: dict[int, list] = {}
     for k in kernels:
-        hit = launches.get((k.pid, k.corr))
-        if hit:
-            k.launch_start, k.launch_tid = hit
-
-    exec_to_orig = {}
-    created = {}
-    for start, tid, node, orig in db.execute(
-            "SELECT start, globalTid, graphNodeId, originalGraphNodeId FROM CUDA_GRAPH_EVENTS"):
-        if orig is None:
-            created[node] = (start, tid)
+        if k.exec_node is None and k.launch_tid is not None and k.source == "unlabelled":
+            points.setdefault(k.launch_tid, []).append((("k", k.kid), k.launch_start))
+    node_kernels: dict[int, list] = {}
+    for s in steps:
+        for k in s.kernels:
+            if k.source == "unlabelled" and k.capture_node in created:
+                node_kernels.setdefault(k.capture_node, []).append(k)
+    for node, (t, tid) in created.items():
+        if node in node_kernels:
+            points.setdefault(tid, []).append((("n", node), t))
+    found = {}
+    for tid, pts in points.items():
+        found.update(innermost_many(modules.get(tid, []), pts))
+    below: dict[tuple, set] = {}
+    for rs in modules.values():
+        for _, _, layer, child, rest in rs:
+            if child is not None:
+                below.setdefault((layer, child), {child}).update(rest)
+    family_of = {}
+    for key, names in below.items():
+        family_of[key] = "other"
+        for pattern, family in cfg["module_rules"]:
+            if any(pattern.search(n) for n in names):
+                family_of[key] = family
+                break
+    by_kid = {k.kid: k for k in kernels}
+    labelled = []   # (kernels it labels, source, name, layer, child)
+    for (kind, ident), r in found.items():
+        layer, child = r[2], r[3]
+        if kind == "k":
+            labelled.append(([by_kid[ident]], "module", by_kid[ident].name, layer, child))
         else:
-            exec_to_orig[node] = orig
-    ranges = _nvtx_layer_ranges(db, strings, cfg["layer_pattern"])
+            ks = node_kernels[ident]
+            labelled.append((ks, "graph_capture", ks[0].name, layer, child))
+    votes: dict[tuple, dict] = {}
+    for _, _, name, layer, child in labelled:
+        if child is not None and family_of.get((layer, child)) == "attention":
+            for pattern, family in cfg["name_rules"]:
+                if pattern.search(name):
+                    if family in cfg["attention_families"]:
+                        v = votes.setdefault((layer, child), {})
+                        v[family] = v.get(family, 0) + 1
+                    break
+    for ks, source, _, layer, child in labelled:
+        family = "other" if child is None else family_of.get((layer, child), "other")
+        if family == "attention" and votes.get((layer, child)):
+            v = votes[(layer, child)]
+            family = max(v, key=lambda f: (v[f], -cfg["attention_families"].index(f)))
+        for k in ks:
+            k.layer, k.family, k.source = layer, family, source
 
-    # --- steps: graph replays, one per (process, cudaGraphLaunch correlationId)
-    groups: dict[tuple, list] = {}
-    for k in kernels:
-        if k.exec_node is not None:
-            k.capture_node = exec_to_orig.get(k.exec_node)
-            groups.setdefault((k.pid, k.corr), []).append(k)
-    steps = []
-    for key, ks in groups.items():
-        ks.sort(key=lambda k: (k.capture_node if k.capture_node is not None else -1, k.start))
-        steps.append(Step(key, ks, min(k.start for k in ks), max(k.end for k in ks)))
-    steps.sort(key=lambda s: s.first)
-    for a, b in zip(steps, steps[1:]):
-        a.period = b.first - a.first
 
-    # --- stable steps
+def _stable(steps, cfg) -> list:
     counts: dict[int, int] = {}
     for s in steps:
         counts[len(s.kernels)] = counts.get(len(s.kernels), 0) + 1
@@ -284,6 +380,54 @@ def _compute(db, cfg) -> Reference:
             s.reason = "outlier"
     stable = [s for s in candidates if s.stable]
 
+    return stable
+
+
+def _compute(db, cfg, donor=None) -> Reference:
+    strings = _strings(db)
+    kernels = []
+    for i, (start, end, stream, corr, pid, short, node) in enumerate(db.execute(
+            "SELECT start, end, streamId, correlationId, globalPid, shortName, graphNodeId "
+            "FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start, end")):
+        kernels.append(Kernel(i, start, end, stream, corr, pid, strings[short], node))
+
+    launches = {}
+    for start, tid, corr in db.execute(
+            "SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"):
+        launches[(tid & PID_MASK, corr)] = (start, tid)
+    for k in kernels:
+        hit = launches.get((k.pid, k.corr))
+        if hit:
+            k.launch_start, k.launch_tid = hit
+
+    exec_to_orig = {}
+    created = {}
+    for start, tid, node, orig in db.execute(
+            "SELECT start, globalTid, graphNodeId, originalGraphNodeId FROM CUDA_GRAPH_EVENTS"):
+        if orig is None:
+            created[node] = (start, tid)
+        else:
+            exec_to_orig[node] = orig
+    ranges = _nvtx_layer_ranges(db, strings, cfg["layer_pattern"])
+    modules = _nvtx_module_ranges(db, strings)
+
+    # --- steps: graph replays, one per (process, cudaGraphLaunch correlationId)
+    groups: dict[tuple, list] = {}
+    for k in kernels:
+        if k.exec_node is not None:
+            k.capture_node = exec_to_orig.get(k.exec_node)
+            groups.setdefault((k.pid, k.corr), []).append(k)
+    steps = []
+    for key, ks in groups.items():
+        ks.sort(key=lambda k: (k.capture_node if k.capture_node is not None else -1, k.start))
+        steps.append(Step(key, ks, min(k.start for k in ks), max(k.end for k in ks)))
+    steps.sort(key=lambda s: s.first)
+    for a, b in zip(steps, steps[1:]):
+        a.period = b.first - a.first
+
+    # --- stable steps (an eager-only recording, such as a label donor, has none: labels only)
+    stable = _stable(steps, cfg) if steps else []
+
     # --- labels
     # 1. eager kernels: the layer range enclosing the launch call on the launching thread
     for k in kernels:
@@ -300,32 +444,53 @@ def _compute(db, cfg) -> Reference:
             r = _enclosing(ranges.get(c[1], []), c[0])
             if r:
                 k.layer, k.family, k.source = r[2], r[3], "graph_capture"
-    # 3. replays without capture-time labels: align capture order with the eager step's launch order
-    eager = sorted((k for k in kernels if k.exec_node is None and k.source == "nvtx"),
+    # 1b/2b. module-path ranges, the same two ways, for kernels still unlabelled
+    _module_labels(kernels, steps, created, modules, cfg)
+    # 3. replays without labels: a run of eager launches with the replay's names in capture
+    # order, some of them labelled, lends its labels position by position
+    eager = sorted((k for k in kernels if k.exec_node is None and k.launch_start is not None),
                    key=lambda k: (k.launch_start, k.start))
+    eager_names = [k.name for k in eager]
     for s in steps:
-        if all(k.source == "graph_capture" for k in s.kernels):
+        if any(k.source != "unlabelled" for k in s.kernels):
             continue
-        if len(s.kernels) != len(eager):
-            continue
-        if [k.name for k in s.kernels] != [e.name for e in eager]:
-            raise AssertionError("the eager step does not align with the replay by name")
-        for k, e in zip(s.kernels, eager):
-            if k.source == "unlabelled":
-                k.layer, k.family, k.source = e.layer, e.family, "aligned_eager"
-    # 4. name rules for the rest
+        names = [k.name for k in s.kernels]
+        for i in range(len(eager) - len(names) + 1):
+            run = eager[i:i + len(names)]
+            if eager_names[i:i + len(names)] == names and any(e.source in ("nvtx", "module") for e in run):
+                for k, e in zip(s.kernels, run):
+                    if e.source in ("nvtx", "module"):
+                        k.layer, k.family, k.source = e.layer, e.family, "aligned_eager"
+                break
+    # 5. a donor's labelled step (--labels-from), for replays still without labels
+    if donor is not None:
+        donor_names = [d[0] for d in donor]
+        for s in steps:
+            if any(k.source != "unlabelled" for k in s.kernels):
+                continue
+            names = [k.name for k in s.kernels]
+            at = next((i for i in range(len(donor) - len(names) + 1) if donor_names[i:i + len(names)] == names
+                       and any(d[2] is not None for d in donor[i:i + len(names)])), None)
+            if at is None:
+                raise AssertionError("no step of the donor aligns with the replay by name")
+            for k, (_, layer, family) in zip(s.kernels, donor[at:at + len(names)]):
+                if family is not None:
+                    k.layer, k.family, k.source = layer, family, "donor"
+    # 7. name rules for the rest
     for k in kernels:
         if k.source == "unlabelled":
             for pattern, family in cfg["name_rules"]:
                 if pattern.search(k.name):
                     k.family, k.source = family, "name_rule"
                     break
-    sources = {"nvtx": 0, "graph_capture": 0, "aligned_eager": 0, "name_rule": 0, "unlabelled": 0}
+    sources = {"nvtx": 0, "module": 0, "graph_capture": 0, "aligned_eager": 0, "donor": 0, "inferred": 0,
+               "name_rule": 0, "unlabelled": 0}
     for k in kernels:
         sources[k.source] += 1
 
     ref = Reference(steps=steps, stable=stable, kernels=kernels, label_sources=sources)
-    _per_step(ref, cfg)
+    if stable:
+        _per_step(ref, cfg)
     return ref
 
 

@@ -152,5 +152,6 @@ def test_report_without_nvtx_is_analysed_with_fallbacks(trace_sqlite, tmp_path):
     out = json.loads(done.stdout)
     assert out["steps"]["source"] == "graph"
     assert out["labels"]["sources"]["nvtx"] == out["labels"]["sources"]["graph_capture"] == 0
-    assert out["labels"]["sources"]["name_rule"] > 0
-    assert any("kernel-name rules" in n for n in out["notes"])
+    # No label reaches the replays: their layers are inferred, and the report says so.
+    assert out["labels"]["sources"]["inferred"] > 0 and out["labels"]["convention"] == "none"
+    assert any("layers inferred from the repeating kernel sequence" in n for n in out["notes"])

@@ -34,7 +34,13 @@ def test_analyze_json_contract(trace_sqlite, cache_dir):
     assert all(ANALYZE_KEYS["families"] <= set(f) for f in j["families"])
     assert all(ANALYZE_KEYS["kernels"] <= set(k) for k in j["kernels"])
     assert "residency_median_us" in j and set(j["pre_attention_window_us"]) >= {"median", "count"}
-    assert set(j["labels"]["sources"]) == {"nvtx", "graph_capture", "aligned_eager", "name_rule", "unlabelled"}
+    sources = {"nvtx", "module", "graph_capture", "aligned_eager", "donor", "inferred", "name_rule", "unlabelled"}
+    assert set(j["labels"]["sources"]) == set(j["labels"]["time_share"]) == sources
+    assert sum(j["labels"]["time_share"].values()) == pytest.approx(1.0)
+    assert j["labels"]["convention"] == "k3trace" and j["steps"]["nvtx_range"]["form"] == "decode_step"
+    assert {lay["index"] for lay in j["layers"]} == set(range(1, 9))
+    assert all(set(lay) == {"index", "families", "kernels_per_step", "device_busy_us", "critical_us"}
+               for lay in j["layers"])
     assert "edges_per_step" in j["pdl"]
     assert set(j["completeness"]) == {"ok", "problems", "excluded_rows", "affected_steps", "truncated"}
     assert j["caveats"] == [] and j["completeness"]["ok"]

@@ -219,11 +219,19 @@ def public(name: str) -> Path:
     return path
 
 
+#: Each public replay's attention kernel (one per decoder layer): gpt-oss alternates
+#: sliding-window (2d) and full (3d) attention layers; Qwen3-8B has 36 layers.
+PUBLIC_ATTENTION = {"tracelens_vllm_decode_full_graph_mi300x.json.gz": ("kernel_unified_attention_2d",
+                                                                         "kernel_unified_attention_3d"),
+                    "tracelens_sglang_qwen3_8b_decode_mi300x.json.gz": ("paged_attention_ll4mi_QKV_mfma16_kernel",)}
+
+
 @pytest.mark.parametrize("name", ["tracelens_vllm_decode_full_graph_mi300x.json.gz",
                                   "tracelens_sglang_qwen3_8b_decode_mi300x.json.gz"])
 def test_public_replay(name, tmp_path):
     """One hipGraphLaunch each: one step (the default two warm-up steps leave none stable, and
-    say so); with `warmup = 0` the step's per-kernel table, labelled by name rules."""
+    say so); with `warmup = 0` the step's per-kernel table. No layer NVTX: the layers are
+    inferred, one per attention kernel of the raw replay, in order."""
     path = public(name)
     events = raw_events(path)
     [run] = replays(events)
@@ -238,8 +246,16 @@ def test_public_replay(name, tmp_path):
     assert sum(k["calls_per_step"] for k in a["kernels"]) == len(run)
     total = sum(1 for e in events if e.get("cat") == "kernel")
     sources = a["labels"]["sources"]
-    assert sources["nvtx"] == sources["graph_capture"] == 0 and sources["name_rule"] > 0
-    assert sources["name_rule"] + sources["unlabelled"] == total
+    assert sources["nvtx"] == sources["graph_capture"] == 0
+    assert sources["inferred"] + sources["name_rule"] + sources["unlabelled"] == total
+    base = [e["name"].removeprefix("void ").split("(")[0].split("<")[0] for e in run]
+    attention = [i for i, b in enumerate(base) if b in PUBLIC_ATTENTION[name]]
+    assert [lay["index"] for lay in a["layers"]] == list(range(len(attention)))   # engine: layers from 0
+    # Every layer holds exactly one of the replay's attention kernels, the layers in order.
+    stepped = analyze(trace, load_config(cfg)).kernels.sort("start")
+    layer_of = stepped.filter(pl.col("step").is_not_null())["layer"].to_list()
+    assert [layer_of[i] for i in attention] == list(range(len(attention)))
+    assert a["labels"]["inferred"][0]["layers"] == len(attention)
 
 
 def test_public_capture_without_replay():

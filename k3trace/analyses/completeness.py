@@ -24,6 +24,7 @@ import polars as pl
 import k3names
 from k3trace.config import Config
 from k3trace.ingest import Trace
+from k3trace.model.labels.modules import OUTPUT_RANGE
 from k3trace.model.launches import GRAPH_LAUNCH_CALL, LAUNCH_CALL, captured_calls
 
 #: Fewer stable steps than this make p90/p99 (and the median's noise band) unreliable.
@@ -149,11 +150,22 @@ def missing_launches(trace: Trace, pid: int) -> tuple[int, bool, list[str]]:
     return lost.height, truncated, problems
 
 
+def _checked_ranges(trace: Trace, cfg: Config, pid: int) -> pl.DataFrame:
+    """The ranges that must hold CUDA calls: step ranges, k3trace's layer ranges and an
+    engine's layer module ranges (`...layers.3`, not its children: a module may launch
+    nothing). A zero-length range (a marker pushed and popped at once) and an engine's
+    output range (pushed and popped after a module's forward) hold nothing by design."""
+    module = pl.col("text").str.extract_groups(cfg.module_pattern)
+    live = trace.nvtx.filter(pl.col("global_pid") == pid, pl.col("end").is_not_null(), pl.col("end") > pl.col("start"),
+                             ~pl.col("text").str.contains(OUTPUT_RANGE))
+    return live.filter(
+        pl.col("text").str.contains(cfg.step_nvtx_pattern) | pl.col("text").str.contains(cfg.layer_pattern)
+        | (module.struct.field("rest") == "").fill_null(False),
+    )
+
+
 def silent_ranges(trace: Trace, cfg: Config, pid: int) -> tuple[int, list[str]]:
-    pattern = f"(?:{cfg.step_nvtx_pattern})|(?:{cfg.layer_pattern})"
-    # A zero-length range (a marker pushed and popped at once) can hold nothing: not a loss.
-    ranges = trace.nvtx.filter(pl.col("global_pid") == pid, pl.col("end").is_not_null(),
-                               pl.col("end") > pl.col("start"), pl.col("text").str.contains(pattern))
+    ranges = _checked_ranges(trace, cfg, pid)
     calls = trace.runtime.filter(pl.col("global_pid") == pid).select(pl.col("global_tid"), pl.col("start").alias("t")).sort("t")
     if ranges.is_empty():
         return 0, []

@@ -12,14 +12,15 @@ from pathlib import Path
 import polars as pl
 
 import k3trace
-from k3trace.analyses import completeness, critical_path, families, kernels, pdl, pre_attention, stepgraph, steptimes, streams
+from k3trace.analyses import completeness, critical_path, families, kernels, layers, pdl, pre_attention, stepgraph
+from k3trace.analyses import steptimes, streams
 from k3trace.analyses import store
 from k3trace.analyses.overlap import step_overlap
 from k3trace.analyses.result import KERNEL_COLUMNS, PATH_COLUMNS, Analysis
 from k3trace.config import Config
 from k3trace.errors import ReportError
 from k3trace.ingest import Limits, Progress, Tools, Trace, load_report, report_key
-from k3trace.model.labels import label_kernels, source_counts
+from k3trace.model.labels import LabelDonor, label
 from k3trace.model.stable import classify_steps
 from k3trace.model.steps import assign_steps
 
@@ -36,26 +37,35 @@ def _code_version() -> str:
 
 
 def analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None = None, tools: Tools = Tools(),
-                   progress: Progress = lambda _: None) -> Analysis:
-    """`analyze(load_report(path))`, reusing a cached result for the same report, config and
-    k3trace version."""
+                   progress: Progress = lambda _: None, donor: LabelDonor | None = None) -> Analysis:
+    """`analyze(load_report(path))`, reusing a cached result for the same report, config,
+    label donor and k3trace version."""
     path = Path(path)
     limits = Limits(max_decompressed_bytes=cfg.max_decompressed_bytes, max_ratio=cfg.max_compression_ratio)
     if cache_dir is None or not path.exists():
-        return analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg)
-    ident = f"{report_key(path)}|{cfg!r}|{_code_version()}|{store.FORMAT}"
+        return analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg,
+                       donor=donor)
+    lent = donor.digest() if donor is not None else "-"
+    ident = f"{report_key(path)}|{cfg!r}|{lent}|{_code_version()}|{store.FORMAT}"
     folder = cache_dir / "analyses" / hashlib.sha256(ident.encode()).hexdigest()[:24]
     cached = store.load(folder)
     if cached is not None:
         progress("cached analysis")
         return cached
-    result = analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg)
+    result = analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg,
+                     donor=donor)
     progress("writing cache")
     store.save(result, folder)
     return result
 
 
-def analyze(trace: Trace, cfg: Config) -> Analysis:
+def label_donor(analysis: Analysis) -> LabelDonor:
+    """`analysis` as a label donor (`--labels-from`): its representative stable step."""
+    step = analysis.representative_step()
+    return LabelDonor.from_step(analysis.report, analysis.kernels.filter(pl.col("step") == step))
+
+
+def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> Analysis:
     if trace.kernels.is_empty():
         raise ReportError(f"{trace.source}: the report holds no kernel records",
                           "record GPU work with `nsys profile -t cuda,nvtx --cuda-graph-trace=node`")
@@ -66,7 +76,8 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
         )
     assignment = assign_steps(trace, cfg)
     steps = classify_steps(assignment.steps, cfg)
-    labelled = label_kernels(trace, assignment, cfg)
+    labelling = label(trace, assignment, cfg, donor)
+    labelled = labelling.kernels
     stable_ids = steps.filter(pl.col("stable")).select("step")
     if stable_ids.is_empty():
         raise ReportError(
@@ -85,9 +96,8 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
     for r in trace.findings.filter(~pl.col("excluded")).iter_rows(named=True):
         notes.append(f"{r['rows']} of {r['total']} {r['table']} rows had {r['issue']} "
                      "(names that differ only past the cut read as one)")
-    counts = source_counts(labelled)
-    if counts["nvtx"] + counts["graph_capture"] + counts["aligned_eager"] == 0:
-        notes.append("no layer NVTX ranges: families come from kernel-name rules only, layers are unknown")
+    summary = labelling.summary
+    notes.extend(label_notes(summary))
     step_times = steptimes.per_step(steps, overlap)
     path = critical_path.walk(critical_path.dependency_edges(stable_kernels, cfg), steps)
     graph = stepgraph.build(path)
@@ -104,6 +114,7 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
     slack = graph.nodes.with_columns(pl.Series("slack_ns", stepgraph.slack(graph))).group_by("name", "family").agg(
         (pl.col("slack_ns").min() / 1e3).alias("slack_us"))
     family_rows = families.family_table(overlap, n).join(critical_path.by_family(path), on="family", how="left")
+    layer_rows = layers.layer_table(overlap, path)
     kernel_rows = (
         kernels.kernel_table(overlap, n)
         .join(critical_path.by_kernel(path), on=["name", "family"], how="left")
@@ -127,7 +138,11 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
         graph=graph,
         pre_attention=windows,
         pdl_steps=pdl_steps,
-        label_sources=counts,
+        label_sources=summary.sources,
+        label_summary=summary,
+        layers=layer_rows,
+        step_range={"form": assignment.range_form, "forms": dict(assignment.range_forms),
+                    "ranges": assignment.range_count},
         completeness=completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source),
         step_stats={col: steptimes.quantiles_us(step_times[col])
                     for col in ("period", "span", "host", "busy", "residency")},
@@ -136,3 +151,26 @@ def analyze(trace: Trace, cfg: Config) -> Analysis:
         dropped={str(r): int(c) for r, c in dropped.iter_rows()},
         notes=tuple(notes),
     )
+
+
+def label_notes(summary) -> list[str]:
+    """What the report says about where its labels came from, when it is not NVTX."""
+    src = summary.sources
+    notes = []
+    for unit in summary.inferred:
+        if unit["layers"]:
+            notes.append(
+                f"layers inferred from the repeating kernel sequence: {unit['layers']} layers of {unit['kinds']} "
+                f"kinds, {unit['confidence']:.0%} of the step's kernel time in layers another layer repeats "
+                f"({unit['prologue_kernels']} kernels before the first, {unit['epilogue_kernels']} after the last); "
+                "check them against a labelled recording (--labels-from)")
+        else:
+            notes.append(f"no layer structure found in a replay of {unit['kernels']} kernels: its layers are unknown")
+    if summary.donor is not None:
+        notes.append(f"labels lent by {summary.donor} for {src['donor']} kernels"
+                     + (f" ({summary.donor_coverage:.0%} of a step's kernels matched)"
+                        if summary.donor_coverage is not None else ""))
+    layered = sum(n for s, n in src.items() if s not in ("name_rule", "unlabelled"))
+    if layered == 0:
+        notes.append("no layer labels: families come from kernel-name rules only, layers are unknown")
+    return notes

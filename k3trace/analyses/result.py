@@ -10,6 +10,7 @@ import polars as pl
 from k3trace.analyses import stepgraph
 from k3trace.analyses.completeness import Completeness
 from k3trace.config import Config
+from k3trace.model.labels import LabelSummary
 
 JSON_VERSION = 2
 
@@ -40,6 +41,9 @@ class Analysis:
     path_steps: pl.DataFrame       # per stable step: path kernels, bubbles, PDL edges on the path
     graph: stepgraph.StepGraph     # the representative step's replayable dependency graph
     label_sources: dict[str, int]
+    label_summary: LabelSummary
+    layers: pl.DataFrame           # per layer: index, families, kernels_per_step, device_busy_us, critical_us
+    step_range: dict[str, Any]     # the step-range form matched (`form`, null when none) and `ranges`
     completeness: Completeness
     step_stats: dict[str, dict[str, float | None]]   # period/span/host/busy/residency quantiles, us
     pre_attention_summary: dict[str, float | int] | None
@@ -119,6 +123,7 @@ class Analysis:
                 "period_median_us": q["period"]["median"],
                 "span_median_us": q["span"]["median"],
                 "busy_median_us": q["busy"]["median"],
+                "nvtx_range": self.step_range,
                 "period_us": q["period"],
                 "span_us": q["span"],
                 "host_us": q["host"],
@@ -134,7 +139,8 @@ class Analysis:
                 "name", "family", "calls_per_step", "mean_us", "median_us", "hidden_share", "busy_per_step_us",
                 "exposed_per_step_us", "critical_us", "slack_us",
             ).to_dicts(),
-            "labels": {"sources": self.label_sources},
+            "layers": self.layers.to_dicts(),
+            "labels": self.label_summary.to_json(),
             "pdl": self.pdl_summary,
             "critical_path": self.critical_summary(),
             "completeness": {"ok": self.completeness.ok, "problems": list(self.completeness.problems),

@@ -17,11 +17,13 @@ import polars as pl
 from k3trace.analyses.completeness import Completeness
 from k3trace.analyses.result import Analysis
 from k3trace.analyses.stepgraph import StepGraph
-from k3trace.config import Config, NameRule
+from k3trace.config import Config, ModuleRule, NameRule
+from k3trace.model.labels import LabelSummary
 from k3trace.ingest import cachefs
 
 FORMAT = 2
-_TYPES: dict[str, type] = {t.__name__: t for t in (Analysis, StepGraph, Completeness, Config, NameRule)}
+_TYPES: dict[str, type] = {t.__name__: t for t in (Analysis, StepGraph, Completeness, Config, NameRule,
+                                                  ModuleRule, LabelSummary)}
 
 
 class _Encoder:

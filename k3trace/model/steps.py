@@ -29,6 +29,9 @@ class StepAssignment:
     steps: pl.DataFrame        # step, first_start, last_end, kernels, signature
     lane: tuple[int, int]      # (global_pid, device_id) analysed
     other_lanes: int           # processes/devices with GPU work that were not analysed
+    range_form: str | None = None   # the most common step-range text matched, digits as N
+    range_forms: tuple[tuple[str, int], ...] = ()   # every form matched, with its count
+    range_count: int = 0            # step ranges matched on the analysed process
 
 
 def _dominant_lane(kernels: pl.DataFrame) -> tuple[tuple[int, int], int]:
@@ -49,8 +52,15 @@ def step_ranges(trace: Trace, cfg: Config, pid: int) -> pl.DataFrame:
         .sort("start")
         .select(pl.int_range(pl.len(), dtype=pl.Int64).alias("range_index"),
                 pl.col("start").alias("range_start"), pl.col("end").alias("range_end"),
-                pl.col("global_tid").alias("launch_tid"))
+                pl.col("global_tid").alias("launch_tid"), "text")
     )
+
+
+def range_forms(ranges: pl.DataFrame) -> tuple[tuple[str, int], ...]:
+    """Which step-range forms matched, most common first: the range texts with their numbers
+    as N (`execute_context_N(N)_generation_N(N)`, `[Executor] _forward_step N: ...`)."""
+    forms = ranges.select(pl.col("text").str.replace_all(r"\d+", "N").alias("form")).group_by("form").len()
+    return tuple((str(f), int(n)) for f, n in forms.sort("len", "form", descending=[True, False]).iter_rows())
 
 
 def _in_ranges(kernels: pl.DataFrame, ranges: pl.DataFrame) -> pl.Series:
@@ -121,6 +131,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
     ).drop("order_key")
 
     steps = _step_table(kernels, signature)
+    forms = range_forms(ranges)
     if steps.is_empty():
         replays = "a graph capture but no replay of it" if not trace.graph_nodes.is_empty() else "no graph replays"
         raise ReportError(
@@ -128,7 +139,8 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
             f"{cfg.step_nvtx_pattern!r}, no repeating kernel sequence)",
             "record a decode loop of several steps, or set [steps] nvtx_pattern in a --config file",
         )
-    return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others)
+    return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others,
+                          range_form=forms[0][0] if forms else None, range_forms=forms, range_count=ranges.height)
 
 
 def _step_table(kernels: pl.DataFrame, signature: pl.Expr | None) -> pl.DataFrame:

@@ -89,7 +89,10 @@ def details(a: Analysis) -> RenderableType:
     c = a.critical_summary()
     lines.append(f"critical path: {c['kernels_on_path_median']:g} kernels per step, {c['bubbles_median']:g} bubbles "
                  f"({c['bubble_us_median']:.1f} us), {c['pdl_edges_on_path_median']:g} PDL edges on it")
-    lines.append("labels: " + ", ".join(f"{s} {n}" for s, n in a.label_sources.items()))
+    shares = a.label_summary.time_share
+    lines.append(f"labels ({a.label_summary.convention} convention, from {a.label_summary.evidence}): "
+                 + ", ".join(f"{s} {n} ({shares.get(s, 0.0):.0%} of kernel time)"
+                             for s, n in a.label_sources.items() if n))
     lines.extend(f"note: {n}" for n in a.notes)
     return Text("\n".join(printable(line) for line in lines))
 

@@ -55,6 +55,10 @@ from kernels.k3.ops.norm import rmsnorm
 from kernels.k3.variants import BASELINE, Variant
 from kernels.streams import Streams, fork, join, nvtx_range, on
 
+#: The module each segment's code sits in in the engine ports (ENGINES.md): KDA and MLA are
+#: both `self_attn`, the MoE block `block_sparse_moe`, layer 1's dense MLP `mlp`.
+ENGINE_MODULE = {KDA: "self_attn", MLA: "self_attn", MOE: "block_sparse_moe", DENSE: "mlp", ATTN_RES: "attn_res"}
+
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
 
 __all__ = ["K3Decode", "PlanMismatch"]
@@ -207,6 +211,10 @@ class K3Decode:
         self._items = iter(())
         self._label = P.MAIN
         self._main = None
+        #: Layer NVTX: k3trace's `layer.<i>.<family>` ("k3"), or vLLM's layerwise module tree
+        #: ("vllm": `{'Module': 'top.model.layers.<i-1>.self_attn', ...}`, ENGINES.md).
+        self.nvtx_style = "k3"
+        self._module: str | None = None
 
     # ---- construction --------------------------------------------------------------------
     def _randn(self, *shape: int, std: float = 1.0, dtype=BF16, mean: float = 0.0) -> torch.Tensor:
@@ -311,13 +319,37 @@ class K3Decode:
         if (seg.layer, seg.family) != (layer, family):
             raise PlanMismatch(f"plan has {seg.range_name}, model opened layer.{layer}.{family}")
         self._seg, self._items = seg, iter(seg.items)
-        with nvtx_range(seg.range_name):
-            yield
+        module = f"top.model.layers.{layer - 1}.{ENGINE_MODULE[family]}"
+        with self._range(seg.range_name, module):
+            prev, self._module = self._module, module
+            try:
+                yield
+            finally:
+                self._module = prev
         left = next(self._items, None)
         if left is not None:
             raise PlanMismatch(f"{seg.range_name}: model skipped {left!r}")
         self._seg_i += 1
         self._seg = None
+
+    @contextmanager
+    def _range(self, name: str, module: str | None):
+        """`name` in k3trace's style; in the engine style the module's range, then its
+        zero-length output range."""
+        if self.nvtx_style == "k3" or module is None:
+            if not name:  # the decoder layer has no range of its own in k3trace's style
+                yield
+                return
+            with nvtx_range(name):
+                yield
+            return
+        with nvtx_range(str({"Module": module, "TrainableParams": {}, "Inputs": [[self.cfg.batch, self.cfg.hidden]]})):
+            yield
+        with nvtx_range(str({"Module": module, "Outputs": [[self.cfg.batch, self.cfg.hidden]]})):
+            pass
+
+    def _subop(self, subop: str):
+        return self._range(subop, f"{self._module}.{subop}" if self._module else None)
 
     def _stream(self, label: str):
         return {P.MAIN: self._main, P.AUX1: self.streams.aux1, P.AUX2: self.streams.aux2}[label]
@@ -354,25 +386,25 @@ class K3Decode:
         item = self._expect(P.Launch, subop=subop, stream=self._label, kind=P.TRITON,
                             launcher=fn.__name__)
         delay = self.variant.delay_ns if item.matches_delay(self.variant) else 0
-        with nvtx_range(subop):
+        with self._subop(subop):
             fn(*args, **kwargs, delay_ns=delay)
 
     def _cute(self, subop: str, fn, *args, **kwargs) -> None:
         item = self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUTE, launcher=fn.__name__)
         delay = self.variant.delay_ns if item.matches_delay(self.variant) else 0
-        with nvtx_range(subop):
+        with self._subop(subop):
             fn(*args, **kwargs, delay_ns=delay)
 
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
-        with nvtx_range(subop):
+        with self._subop(subop):
             torch.mm(a, w, out=out)
 
     def _bmm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         # a, out may be strided views; cuBLAS takes them as they are (no copy kernels:
         # the graph-node test would count them).
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="bmm")
-        with nvtx_range(subop):
+        with self._subop(subop):
             torch.bmm(a, w, out=out)
 
     # ---- the step -----------------------------------------------------------------------
@@ -383,19 +415,23 @@ class K3Decode:
         self._seg_i, self._label = 0, P.MAIN
         self.bank[0].copy_(self.embed)  # the step's input opens block 0's partial
         for l in cfg.layers:
-            L = self.layers[l]
-            self._attn_res(l, "attn", L.pre_attn)
-            if isinstance(L.attn, KDALayer):
-                self._kda(l, L.attn)
-            else:
-                self._mla(l, L.attn)
-            self._attn_res(l, "mlp", L.pre_mlp)
-            if isinstance(L.mlp, MoELayer):
-                self._moe(l, L.mlp)
-            else:
-                self._dense(l, L.mlp)
+            with self._range("", f"top.model.layers.{l - 1}"):
+                self._layer(l)
         if self._seg_i != len(self.plan.segments):
             raise PlanMismatch(f"step ended after {self._seg_i} of {len(self.plan.segments)} segments")
+
+    def _layer(self, l: int) -> None:
+        L = self.layers[l]
+        self._attn_res(l, "attn", L.pre_attn)
+        if isinstance(L.attn, KDALayer):
+            self._kda(l, L.attn)
+        else:
+            self._mla(l, L.attn)
+        self._attn_res(l, "mlp", L.pre_mlp)
+        if isinstance(L.mlp, MoELayer):
+            self._moe(l, L.mlp)
+        else:
+            self._dense(l, L.mlp)
 
     def _partial(self, l: int) -> torch.Tensor:
         return self.bank[self.cfg.partial_row(l)]

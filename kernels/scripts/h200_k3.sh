@@ -8,6 +8,9 @@
 #   long     (carry .gpu2)  full-depth bs1 baseline and MLA-split, ~175 steps each (~400k kernels)
 #   pair     (carry .nsys)  full-depth bs1 baseline and router multipass (the diff's speed and a
 #                           full-depth split edit), ~175 steps each; needs neither CuTe DSL nor nvtx
+#   engine   (carry .nsys)  the 8-layer bs1 baseline with vLLM-style layerwise module NVTX (graph
+#                           captured inside the window, and before it with one eager step); unpacks
+#                           nsys itself; needs neither CuTe DSL nor nvtx
 # Leaves logs and compressed .qdstrm files in $OUT.
 set -u
 phase=${1:?phase}
@@ -30,6 +33,12 @@ pack() {  # archive name: every .qdstrm + json + log under /tmp/rec, xz-compress
 }
 
 case $phase in
+engine)
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  rec k3_vllm_inside --layers 8 --steps 40 --nvtx-style vllm
+  [ "${2:-}" = both ] && rec k3_vllm_before --layers 8 --steps 40 --nvtx-style vllm --capture before
+  (cd /tmp/rec && gzip -k *.qdstrm && cp *.qdstrm.gz *.json *.log "$OUT"/) ; ls -la "$OUT" ;;
 stage1)
   mkdir -p /root/gpu && cp .gpu1/* /root/gpu/ && ls -la /root/gpu ;;
 stage2)

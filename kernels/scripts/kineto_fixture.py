@@ -5,7 +5,8 @@
 Keeps, byte for byte as torch.profiler wrote them, the GPU activity (kernels, memcpy, memset),
 the CUDA runtime and driver calls and the process/thread names of the CUDA process and GPU 0,
 from the start up to the end of the first `--replays` graph replays (launch calls whose GPU
-work lies past that are dropped too); drops CPU-op, Python and flow events. The header keeps only what is not host- or run-specific: the schema version,
+work lies past that are dropped too); drops CPU-op, Python and flow events. `--annotations`
+keeps the CUDA process's record_function ranges too (the layer and step labels). The header keeps only what is not host- or run-specific: the schema version,
 each device's id, name, compute capability and SM count, and the CUDA/CUPTI versions (no
 trace id, wall-clock base time or file path).
 """
@@ -41,6 +42,8 @@ def main() -> None:
     p.add_argument("source")
     p.add_argument("output")
     p.add_argument("--replays", type=int, default=8)
+    p.add_argument("--annotations", action="store_true",
+                   help="also keep the CUDA process's record_function ranges (layer and step labels)")
     args = p.parse_args()
     text = open(args.source).read()
     doc = json.loads(text)
@@ -62,6 +65,9 @@ def main() -> None:
         if e.get("ph") == "M":
             if e["pid"] in cuda_pids or e["pid"] == 0:
                 out.append(block)
+        elif (args.annotations and e.get("cat") == "user_annotation" and e["pid"] in cuda_pids
+              and e["ts"] + e["dur"] <= replay_end):
+            out.append(block)
         elif e.get("cat") in KEEP and e["ts"] <= replay_end:
             if e.get("cat") not in ("cuda_runtime", "cuda_driver") and e["ts"] + e["dur"] > replay_end:
                 continue

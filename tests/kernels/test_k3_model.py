@@ -373,3 +373,45 @@ def test_gpu_variant_pairs(batch):
     routed = type("Routed", (), {"routing": lambda self, l: base_routing[l]})()
     sep_model = gpu_model(batch, "kda_norm_separate")  # same seed: same weights and state
     check_norm_separate(sep_model.cfg, routed, sep_model, base_eager)
+
+
+@cpu
+@pytest.mark.parametrize("style", ["k3", "vllm"])
+def test_nvtx_ranges_by_style(style, monkeypatch):
+    """k3trace's `layer.<i>.<family>` ranges, or vLLM's layerwise module tree (ENGINES.md):
+    one range per decoder layer `top.model.layers.<i-1>`, its children (`self_attn` for KDA and
+    MLA alike, `block_sparse_moe`, `mlp`, `attn_res`) and their sub-ops, each module followed by
+    its output range; the launches are the same."""
+    import ast
+    from contextlib import contextmanager
+
+    import k3names
+    import kernels.k3.model as model_mod
+
+    pushed: list[str] = []
+
+    @contextmanager
+    def recorded(name):
+        pushed.append(name)
+        yield
+
+    monkeypatch.setattr(model_mod, "nvtx_range", recorded)
+    model = K3Decode(TINY_BLOCKS, parse("baseline"), "cpu")
+    model.nvtx_style = style
+    model.step()
+    segments = [(s.layer, s.family) for s in model.plan.segments]
+    if style == "k3":
+        assert [t for t in pushed if t.startswith("layer.")] == [k3names.layer_range(*s) for s in segments]
+        assert not any(t.startswith("{") for t in pushed)
+        return
+    dicts = [ast.literal_eval(t) for t in pushed if t.startswith("{")]
+    assert len(dicts) == len(pushed) - pushed.count(k3names.ALL_REDUCE_RANGE)
+    opened = [d["Module"] for d in dicts if "Inputs" in d]
+    closed = [d["Module"] for d in dicts if "Outputs" in d]
+    assert sorted(opened) == sorted(closed)   # every module's range has its output range
+    layers = [m for m in opened if m.count(".") == 3]
+    assert layers == [f"top.model.layers.{layer - 1}" for layer in TINY_BLOCKS.layers]
+    children = [tuple(m.split(".")[3:5]) for m in opened if m.count(".") == 4]
+    module = {"kda": "self_attn", "mla": "self_attn", "moe": "block_sparse_moe", "dense": "mlp",
+              "attn_res": "attn_res"}
+    assert children == [(str(layer - 1), module[family]) for layer, family in segments]

@@ -1,0 +1,132 @@
+"""The label chain: each kernel's layer and family from the first source that knows them
+(METRICS.md, "Labels"), and a summary of which source labelled what."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from k3trace.config import Config
+from k3trace.ingest import Trace
+from k3trace.model.labels import aligned, donor as donor_source, inferred, modules, own, units
+from k3trace.model.labels.donor import LabelDonor
+from k3trace.model.labels.ranges import innermost
+from k3trace.model.labels.rules import rule_family
+from k3trace.model.labels.segments import with_segments
+from k3trace.model.labels.summary import (
+    ALIGNED_SOURCE, DONOR_SOURCE, GRAPH_SOURCE, INFERRED_SOURCE, MODULE_SOURCE, NVTX_SOURCE, RULE_SOURCE,
+    UNLABELLED, ZERO_BASED, LabelSummary, convention, source_counts, source_time_share,
+)
+from k3trace.model.steps import StepAssignment
+
+
+@dataclass(frozen=True)
+class Labelling:
+    kernels: pl.DataFrame      # the assignment's kernels with layer, family, label_source, segment
+    summary: LabelSummary
+
+
+def _fill(out: pl.DataFrame, found: pl.DataFrame, on: list[str], source: str) -> pl.DataFrame:
+    """Labels from `found` for the kernels no earlier source labelled."""
+    if found.is_empty():
+        return out
+    found = found.select(*on, pl.col("layer").alias("_layer"), pl.col("family").alias("_family")).unique(on)
+    take = pl.col("family").is_null() & pl.col("_family").is_not_null()
+    return out.join(found, on=on, how="left").with_columns(
+        pl.when(take).then(pl.col("_layer")).otherwise(pl.col("layer")).alias("layer"),
+        pl.when(take).then(pl.col("_family")).otherwise(pl.col("family")).alias("family"),
+        pl.when(take).then(pl.lit(source)).otherwise(pl.col("label_source")).alias("label_source"),
+    ).drop("_layer", "_family")
+
+
+def _fill_units(out: pl.DataFrame, mapping: pl.DataFrame, source: str) -> pl.DataFrame:
+    """A unit mapping onto every step of its units: replays by graph node, eager steps by rank."""
+    out = _fill(out, mapping.filter(pl.col("graph_node_id").is_not_null()), ["graph_node_id"], source)
+    eager = mapping.filter(pl.col("graph_node_id").is_null()).drop("graph_node_id")
+    if eager.is_empty():
+        return out
+    part = out.filter(pl.col("graph_node_id").is_null())
+    rest = out.filter(pl.col("graph_node_id").is_not_null())
+    return pl.concat([rest, _fill(part, eager, ["unit", "launch_rank"], source)]).sort("kernel_id")
+
+
+def label(trace: Trace, assignment: StepAssignment, cfg: Config, donor: LabelDonor | None = None) -> Labelling:
+    pid = assignment.lane[0]
+    kernels = assignment.kernels
+    own_ranges = own.layer_ranges(trace, cfg, pid)
+    module_ranges = modules.module_ranges(trace, cfg, pid)
+    # Eager launches are looked up at their launch call; a replay's nodes (once per graph
+    # node: every replay repeats them) where the capture created them.
+    launches = kernels.filter(pl.col("graph_node_id").is_null()).select(
+        "kernel_id", pl.col("launch_tid").alias("tid"), pl.col("launch_start").alias("at"))
+    nodes = kernels.filter(pl.col("graph_node_id").is_not_null()).unique("graph_node_id").select(
+        "graph_node_id", "name", pl.col("created_tid").alias("tid"), pl.col("created_at").alias("at"))
+
+    by_own = innermost(launches, own_ranges, "kernel_id", ["layer", "family"])
+    by_own_node = innermost(nodes, own_ranges, "graph_node_id", ["layer", "family"])
+    by_module = innermost(launches, module_ranges, "kernel_id", ["layer", "child"])
+    by_module_node = innermost(nodes, module_ranges, "graph_node_id", ["layer", "child"])
+    if not module_ranges.is_empty():
+        names = kernels.select("kernel_id", "name")
+        id_type = kernels.schema["kernel_id"]
+        both = pl.concat([
+            by_module.join(names, on="kernel_id").select("kernel_id", pl.lit(None, dtype=pl.Int64).alias("graph_node_id"),
+                                                         "layer", "child", "name"),
+            by_module_node.join(nodes.select("graph_node_id", "name"), on="graph_node_id").select(
+                pl.lit(None, dtype=id_type).alias("kernel_id"), "graph_node_id", "layer", "child", "name"),
+        ])
+        resolved = modules.resolve_families(both, module_ranges, cfg)
+        by_module = resolved.filter(pl.col("kernel_id").is_not_null()).select("kernel_id", "layer", "family")
+        by_module_node = resolved.filter(pl.col("graph_node_id").is_not_null()).select("graph_node_id", "layer",
+                                                                                       "family")
+    out = kernels.with_columns(pl.lit(None, dtype=pl.Int64).alias("layer"), pl.lit(None, dtype=pl.String).alias("family"),
+                               pl.lit(None, dtype=pl.String).alias("label_source"))
+    out = _fill(out, by_own, ["kernel_id"], NVTX_SOURCE)
+    out = _fill(out, by_module, ["kernel_id"], MODULE_SOURCE)
+    out = _fill(out, by_own_node, ["graph_node_id"], GRAPH_SOURCE)
+    out = _fill(out, by_module_node, ["graph_node_id"], GRAPH_SOURCE)
+
+    conv, evidence = convention(own_ranges.height, modules.convention(module_ranges), module_ranges.height,
+                                assignment.range_form)
+    donor_coverage, found = None, []
+    # The later sources work on whole units (a graph, an eager step signature) with no label.
+    if not out.filter(pl.col("step").is_not_null(), pl.col("layer").is_null()).is_empty():
+        out = units.with_units(out, assignment.steps)
+        wanted = units.needing(out)
+        graphs = {u for u in wanted if u.startswith("g")}
+        if graphs:
+            lent = aligned.aligned_eager(out, units.representatives(out), graphs, (NVTX_SOURCE, MODULE_SOURCE))
+            out = _fill_units(out, lent, ALIGNED_SOURCE)
+            wanted -= set(lent["unit"].to_list())
+        if donor is not None and wanted:
+            lent, matched = donor_source.donated(units.representatives(out), wanted, donor)
+            out = _fill_units(out, lent, DONOR_SOURCE)
+            donor_coverage = min(matched.values())
+            wanted -= set(lent["unit"].to_list())
+        if wanted:
+            first = 0 if conv in ZERO_BASED else cfg.first_layer
+            guessed, found = inferred.inferred(units.representatives(out), wanted, cfg, first)
+            out = _fill_units(out, guessed, INFERRED_SOURCE)
+        out = out.drop("unit")
+
+    rule = rule_family(pl.col("name"), cfg)
+    out = out.with_columns(
+        pl.when(pl.col("family").is_null() & rule.is_not_null()).then(pl.lit(RULE_SOURCE))
+        .otherwise(pl.col("label_source")).alias("label_source"),
+        pl.coalesce("family", rule).alias("family"),
+    ).with_columns(
+        pl.col("label_source").fill_null(UNLABELLED),
+        pl.col("family").fill_null(UNLABELLED),
+    )
+    labelled = with_segments(out.sort("kernel_id"))
+    summary = LabelSummary(sources=source_counts(labelled), time_share=source_time_share(labelled),
+                           convention=conv, evidence=evidence, inferred=tuple(found),
+                           donor=donor.report if donor is not None else None, donor_coverage=donor_coverage)
+    return Labelling(kernels=labelled, summary=summary)
+
+
+def label_kernels(trace: Trace, assignment: StepAssignment, cfg: Config,
+                  donor: LabelDonor | None = None) -> pl.DataFrame:
+    """The step assignment's kernels with `layer`, `family`, `label_source`, `segment`."""
+    return label(trace, assignment, cfg, donor).kernels

@@ -1,0 +1,23 @@
+"""Segments: contiguous runs of one (layer, family) in launch order (METRICS.md, "Labels")."""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def with_segments(kernels: pl.DataFrame) -> pl.DataFrame:
+    """`segment`: an id of the contiguous run of one (layer, family) in launch order within
+    a step (or an eager step); a new segment starts whenever the pair changes. Ids are
+    unique across the trace (counted per step where needed), not restarted per step."""
+    group = pl.coalesce(pl.col("step"), -1 - pl.col("eager_step")).alias("seg_group")
+    ordered = kernels.with_columns(group).sort("seg_group", "launch_rank")
+    changed = (
+        (pl.col("seg_group") != pl.col("seg_group").shift(1))
+        | (pl.col("layer").fill_null(-1) != pl.col("layer").fill_null(-1).shift(1))
+        | (pl.col("family") != pl.col("family").shift(1))
+    ).fill_null(True)
+    return (
+        ordered.with_columns(changed.cast(pl.Int64).cum_sum().sub(1).alias("segment"))
+        .drop("seg_group")
+        .sort("kernel_id")
+    )
