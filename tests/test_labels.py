@@ -420,3 +420,21 @@ def test_kineto_labels_agree_with_nsys(trace_sqlite):
     per_family = {f["name"]: f["segments_per_step"] for f in a.to_json()["families"]}
     assert per_family == {"kda": 6, "mla": 2, "moe": 7, "dense": 1, "attn_res": 16}
     assert a.to_json()["steps"]["kernels_per_step"] == 198
+
+
+def test_k3_recorded_in_vllm_module_style_labels_like_its_own_ranges(analysis, trace_sqlite):
+    # The K3 path recorded on the H200 with vLLM-style module-tree NVTX (KDA and MLA both
+    # `self_attn`, MoE `block_sparse_moe`): zero-config labels split KDA from MLA by kernel
+    # content and match, kernel by kernel in launch order, the labels the same code's own
+    # `layer.N.family` ranges give (tests/reference.py on k3_bs1_base_a).
+    engine = analysis("k3_vllm_inside")
+    assert engine.to_json()["labels"]["convention"] == "vllm"
+    ref = ref_mod.compute(trace_sqlite("k3_bs1_base_a"))
+    truth = [(k.layer, k.family) for k in ref.stable[0].kernels]
+    step = engine.kernels.filter(engine.kernels["step"] == engine.representative_step()).sort("launch_rank")
+    # Engines number modules from 0 (`layers.0`), k3trace's own ranges from 1: one offset.
+    offset = step["layer"].drop_nulls()[0] - next(t[0] for t in truth if t[0] is not None)
+    got = [(None if la is None else la - offset, fam) for la, fam in zip(step["layer"].to_list(), step["family"].to_list())]
+    assert len(got) == len(truth)
+    agree = sum(g == t for g, t in zip(got, truth))
+    assert agree >= 0.99 * len(truth), (agree, len(truth))
