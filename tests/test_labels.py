@@ -305,7 +305,7 @@ def test_k3_engine_style_modules_split_kda_from_mla(trace_sqlite, tmp_path, name
     a = analyze(load_report(path), load_config())
     assert a.label_summary.convention == "vllm" and a.completeness.ok, a.completeness.problems
     got = labels_of(a)
-    want_family = {"kda": "kda", "mla": "mla", "moe": "moe", "dense": "dense", "attn_res": "other"}
+    want_family = {"kda": "kda", "mla": "mla", "moe": "moe", "dense": "dense", "attn_res": "attn_res"}  # defaults.toml maps attn_res modules
     bad = [(k.name, k.layer, k.family, got[key(k)]["layer"], got[key(k)]["family"]) for k in ref.kernels
            if k.layer is not None and (got[key(k)]["layer"], got[key(k)]["family"]) != (k.layer - 1, want_family[k.family])]
     assert not bad, f"{len(bad)} kernels differ, first {bad[:3]}"
