@@ -13,6 +13,7 @@ abs 1e-9 for values that are exactly zero). Larger tolerances appear only where 
 
 from __future__ import annotations
 
+import polars as pl
 import pytest
 
 import reference as ref_mod  # tests/reference.py (pytest puts tests/ on sys.path)
@@ -259,3 +260,21 @@ def test_delay_kda_step_is_4us_longer(case):
         {(r["name"], r["family"]): r for r in ja["kernels"]}[key]["median_us"]
     assert 3.5 <= ref_delta <= 4.5
     assert got == approx(ref_delta)
+
+
+@pytest.mark.parametrize("name", ["nsysai_mfu_2gpu_after_2026.2", "llama3inf_nvtx_demo_2024.6"])
+def test_critical_path_goes_through_cpu_launches_on_eager_traces(samples_dir, name):
+    # Eager launches: a kernel released by its CPU launch continues the path through the
+    # kernel before it (the wait is a launch bubble), instead of ending the walk there.
+    from k3trace.analyses import analyze
+    from k3trace.config import load_config
+    from k3trace.ingest import load_report
+
+    a = analyze(load_report(samples_dir / f"{name}.sqlite"), load_config())
+    on = a.path.filter(pl.col("on_path"))
+    per_step = on.group_by("step").agg(pl.len().alias("n"), (pl.col("critical_ns") + pl.col("bubble_ns")).sum().alias("t"))
+    spans = a.step_times.select("step", "span")
+    joined = per_step.join(spans, on="step")
+    assert joined.height == a.stable_steps and (joined["n"] > 1).all()
+    # Independent of the walk: kernel parts plus bubbles cover the step span exactly.
+    assert (joined["t"] == joined["span"]).all()

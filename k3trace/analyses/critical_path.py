@@ -67,7 +67,14 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
             | ((pl.col("binding") == JOIN) & (pl.col("join_release") > pl.col("start")))
         ).fill_null(False).alias("pdl"),
         pl.when(pl.col("binding") == STREAM).then(pl.col("stream_pred"))
-        .when(pl.col("binding") == JOIN).then(pl.col("join_pred")).alias("pred"),
+        .when(pl.col("binding") == JOIN).then(pl.col("join_pred"))
+        # Released by its CPU launch: the path goes on through the host to the kernel that ran
+        # before on its stream (else the latest on another), and the wait between that one's
+        # end and this start is a launch bubble. On an eager trace the path otherwise ended at
+        # the first launch-bound kernel ("1 kernel, 1 bubble of 83 ms").
+        .when(pl.col("binding") == LAUNCH).then(pl.coalesce("stream_pred", "join_pred")).alias("pred"),
+        pl.when(pl.col("binding") == LAUNCH).then(pl.coalesce("stream_release", "join_release"))
+        .otherwise(pl.col("release")).alias("path_release"),
     )
     return out.sort("kernel_id")
 
@@ -123,8 +130,9 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         cursor = cursor[(cursor >= 0) & ~on_path[np.clip(cursor, 0, None)]]
     first = steps.select("step", pl.col("first_start").alias("step_start"))
     out = edges.with_columns(pl.Series("on_path", on_path)).join(first, on="step", how="left")
-    # The path's earliest kernel waits on the launch from the step's start, not the call.
-    released = pl.when(pl.col("pred").is_null()).then(pl.col("step_start")).otherwise(pl.col("release"))
+    # The path's earliest kernel waits on the launch from the step's start, not the call; a
+    # launch-bound kernel from its host-side predecessor's end (`path_release`).
+    released = pl.when(pl.col("pred").is_null()).then(pl.col("step_start")).otherwise(pl.col("path_release"))
     counted_from = pl.max_horizontal("start", released)
     return out.with_columns(
         pl.when(pl.col("on_path")).then(pl.col("end") - counted_from).otherwise(0).alias("critical_ns"),
