@@ -160,7 +160,7 @@ def test_split_router_is_one_edit(analysis, ref):
     assert split.height == 1
     r = split.row(0, named=True)
     assert r["detail"] == "split" and r["edit"] == "moe_router_kernel -> moe_router_group_kernel + moe_router_merge_kernel"
-    assert r["layer_scope"] == "2..8 (7 layers)" and r["edits"] == 7
+    assert r["layers"] == list(range(2, 9)) and r["edits"] == 7
     names = {"moe_router_group_kernel", "moe_router_merge_kernel", "moe_router_kernel"}
     truth = kernel_time_us(ref(new), names) - kernel_time_us(ref(old), names)
     check_changed(d, split, truth, drift_us=drift_us(ref(old), ref(new), names))
@@ -318,7 +318,7 @@ def test_hf_kernel_added(analysis, ref):
     old, new = "hf_base_a", "hf_mlp_spin"
     d = diff([analysis(old)], [analysis(new)])
     spin = rows(d, kind="replacement")
-    assert spin["edit"].to_list() == ["added spin_kernel"] and spin["layer_scope"][0] == "0..7 (8 layers)"
+    assert spin["edit"].to_list() == ["added spin_kernel"] and spin["layers"][0].to_list() == list(range(8))
     truth = windows_us(ref(new), lambda prev, k: k.name == "spin_kernel", 1)
     assert 8 * 2.0 < truth < 8 * 4.0
     # The untouched kernels' own time changed between the runs (the attention's elementwise

@@ -112,6 +112,17 @@ def build(path: pl.DataFrame) -> StepGraph:
     )
 
 
+def side_stream(g: StepGraph) -> np.ndarray:
+    """Per node: runs on a side stream. By capture stream where the analysis resolved one
+    (`role`: a graph replay runs on internal streams of its own, and on the K3 path the
+    busiest of them holds 16 of 198 kernels); else off the stream most kernels use."""
+    if "role" in g.nodes.columns and g.nodes["role"].null_count() < g.nodes.height:
+        return (g.nodes["role"].fill_null("main") != "main").to_numpy()
+    stream = g.nodes["stream_id"].to_numpy()
+    values, counts = np.unique(stream, return_counts=True)
+    return stream != values[np.argmax(counts)]
+
+
 def replay(g: StepGraph, duration: np.ndarray | None = None, lags: np.ndarray | None = None,
            launch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every node, for one or many variants at once.

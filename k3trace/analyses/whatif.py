@@ -31,6 +31,7 @@ from k3trace.analyses.critical_path import JOIN, LAUNCH, STREAM
 from k3trace.analyses.result import Analysis
 from k3trace.analyses.stepgraph import JOIN_SLOT, STREAM_SLOT, StepGraph
 from k3trace.errors import ReportError
+from k3trace.text import layer_text
 
 SCALE, DELTA, REMOVE, FUSE, NO_PDL, PDL = "scale", "delta", "remove", "fuse", "no_pdl", "pdl"
 PDL_GAP_NS = 1.0
@@ -51,7 +52,7 @@ class Change:
         what = ",".join(self.patterns) or "every PDL edge"
         v = {SCALE: f" x{self.value:g}", DELTA: f" {self.value / 1e3:+g} us", FUSE: f" -> {self.value / 1e3:g} us"}
         where = "".join([f" in {self.family}" if self.family else "",
-                         f" layers {_layers_text(self.layers)}" if self.layers else "",
+                         f" layers {layer_text(self.layers)}" if self.layers else "",
                          f" on the {self.stream} stream" if self.stream else ""])
         return f"{self.kind} {what}{v.get(self.kind, '')}{where}"
 
@@ -100,10 +101,6 @@ class WhatIf:
             "critical": self.critical.to_dicts(), "slack": self.slack.to_dicts(),
             "opportunities": self.opportunities.to_dicts(), "notes": list(self.notes),
         }
-
-
-def _layers_text(layers: Sequence[int] | None) -> str:
-    return ",".join(map(str, layers)) if layers else "-"
 
 
 def step_model(a: Analysis) -> StepModel:
@@ -156,12 +153,7 @@ def _selection(g: StepGraph, change: Change, pattern: str) -> np.ndarray:
     if change.layers:
         mask &= nodes["layer"].is_in(list(change.layers)).fill_null(False).to_numpy()
     if change.stream:
-        if "role" in nodes.columns and nodes["role"].null_count() < nodes.height:
-            main = (nodes["role"].fill_null("main") == "main").to_numpy()
-        else:  # no capture streams resolved: the stream most kernels use
-            streams = nodes["stream_id"].to_numpy()
-            values, counts = np.unique(streams, return_counts=True)
-            main = streams == values[np.argmax(counts)]
+        main = ~stepgraph.side_stream(g)
         mask &= main if change.stream == "main" else ~main
     return mask
 

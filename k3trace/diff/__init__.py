@@ -209,16 +209,6 @@ class Diff:
         }
 
 
-def layer_scope(layers: list[int | None]) -> str:
-    """`4` / `4, 8` / `4..92 (24 layers)` / `-` when the kernels carry no layer."""
-    known = sorted({int(x) for x in layers if x is not None})
-    if not known:
-        return "-"
-    if len(known) <= 3:
-        return ", ".join(map(str, known))
-    return f"{known[0]}..{known[-1]} ({len(known)} layers)"
-
-
 def _median_of_runs(runs: Sequence[Analysis], key: str) -> float:
     return statistics.median(a.step_stats[key]["median"] for a in runs)
 
@@ -244,7 +234,7 @@ def _table(attr: Attribution, span_delta_us: float) -> pl.DataFrame:
     share = (pl.col("contribution_us") / span_delta_us) if abs(span_delta_us) > 0 else pl.lit(None, pl.Float64)
     return attr.players.select(
         "player", pl.col("label").alias("edit"), "kind", "detail", "family",
-        pl.col("layers").map_elements(layer_scope, return_dtype=pl.String).alias("layer_scope"), "layers",
+        "layers",
         (pl.col("contribution_ns") / 1e3).alias("contribution_us"), (pl.col("stderr_ns") / 1e3).alias("stderr_us"),
         "edits", "kernels",
     ).with_columns(share.alias("share")).sort(pl.col("contribution_us").abs(), descending=True)
@@ -294,4 +284,4 @@ def diff(old: Sequence[Analysis], new: Sequence[Analysis], *, seed: int = 0) -> 
     )
 
 
-__all__ = ["ADDED", "MATCHED", "ONLY_NEW", "ONLY_OLD", "REMOVED", "Diff", "diff", "layer_scope"]
+__all__ = ["ADDED", "MATCHED", "ONLY_NEW", "ONLY_OLD", "REMOVED", "Diff", "diff"]

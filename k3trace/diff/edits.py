@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from k3trace.analyses.stepgraph import SLOTS, StepGraph
+from k3trace.analyses.stepgraph import SLOTS, StepGraph, side_stream
 from k3trace.diff.matching import ADDED, MATCHED, ONLY_NEW, ONLY_OLD, REMOVED
+from k3trace.text import layer_text
 
 REPLACEMENT, DURATION, DEPENDENCY, GAP, STRUCTURE = "replacement", "duration", "dependency", "gap", "structure"
 NONE = -1
@@ -203,7 +204,7 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
         lags = np.where(has[:, None], g.lags[safe], 0.0)
         launch = np.where(has, (g.launch_at + g.launch_lag)[safe], -np.inf)
         pdl = np.where(has, g.nodes["pdl"].fill_null(False).to_numpy()[safe], False)
-        side = np.where(has, _on_side_stream(g)[safe], False)
+        side = np.where(has, side_stream(g)[safe], False)
         return dur, preds, lags, launch, pdl, side
 
     dur_o, preds_o, lags_o, launch_o, pdl_o, side_o = side(old, old_of, has_old, to_union_old)
@@ -238,8 +239,8 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
                      f"kernels per step)")
         else:
             label = "; ".join(part for part in (
-                f"layers only in old: {_layers(only_old)}" if only_old else "",
-                f"layers only in new: {_layers(only_new)}" if only_new else "") if part)
+                f"layers only in old: {layer_text(only_old)}" if only_old else "",
+                f"layers only in new: {layer_text(only_new)}" if only_new else "") if part)
         p = players.edit((STRUCTURE,), kind=STRUCTURE, detail="", family="-", label=label, layer=None,
                          kernels=len(structural))
         owner_pres[structural] = p
@@ -311,24 +312,6 @@ def _dependency_label(items: list[tuple[int, str]], names: list[str]) -> str:
         else:
             parts.append(f"{len(by_detail[d])} {d}")
     return "; ".join(parts)
-
-
-def _on_side_stream(g: StepGraph) -> np.ndarray:
-    """Per node: runs on a side stream. By capture stream where the analysis resolved one
-    (`role`; a graph replay runs on internal streams of its own, one of them holding only a
-    few kernels); else not on the stream most of the build's kernels use."""
-    if "role" in g.nodes.columns and g.nodes["role"].null_count() < g.nodes.height:
-        return (g.nodes["role"].fill_null("main") != "main").to_numpy()
-    stream = g.nodes["stream_id"].to_numpy()
-    values, counts = np.unique(stream, return_counts=True)
-    return stream != values[np.argmax(counts)]
-
-
-def _layers(layers: list[int | None]) -> str:
-    known = [x for x in layers if x is not None]
-    if not known:
-        return "-"
-    return ", ".join(map(str, known)) if len(known) <= 3 else f"{known[0]}..{known[-1]} ({len(known)} layers)"
 
 
 def _finish(players: _Players, owner_in: np.ndarray, owner_dur: np.ndarray, owner_pres: np.ndarray,

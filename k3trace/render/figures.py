@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from k3trace.render.text import layer_text
+from k3trace.text import layer_text
 
 FAMILY_COLOURS = {
     "kda": "#1f77b4", "mla": "#d62728", "moe": "#2ca02c", "attn_res": "#9467bd", "dense": "#8c564b",

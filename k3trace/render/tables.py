@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import polars as pl
 
 from k3trace.errors import printable
-from k3trace.render.text import layer_text
+from k3trace.text import layer_text
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from k3trace.analyses import Analysis
 from k3trace.errors import printable
-from k3trace.render.text import layer_text
+from k3trace.text import layer_text
 
 
 def _name(value: str | None) -> Text:

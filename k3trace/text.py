@@ -1,4 +1,5 @@
-"""Small text forms shared by the terminal, Markdown and HTML renderers."""
+"""Small text forms shared by the renderers and by the names the diff and whatif give to
+the changes they describe (no layer imports, so every layer may use them)."""
 
 from __future__ import annotations
 
