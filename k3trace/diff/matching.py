@@ -99,5 +99,4 @@ def _moved(olds: list, news: list, opcodes: list) -> dict[int, int]:
                 waiting = removed.get(news[j][2])
                 if waiting:
                     pairs[waiting.pop(0)] = j
-    # Within one replace opcode a same-signature pair is a plain in-place match.
     return pairs
