@@ -1,6 +1,7 @@
 """K3 decode step time on the H200 against the HBM floor, measured side by side in one run.
 
     python3 bench/bench_k3_step.py [--batches 1 8 64] [--layers 0] [--replays 30] [--json OUT]
+                                   [--variants baseline router_fork+mla_combine_wide]
 
 HBM floor = bytes one decode step must read (every weight it touches, the MLA latent cache
 over the context, the KDA state, the experts the router actually picked) / the
@@ -84,6 +85,8 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=0)
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--json", default="")
+    p.add_argument("--variants", nargs="+", default=["baseline"],
+                   help="builds to time side by side in this run (the floor uses each build's routing)")
     args = p.parse_args()
     from kernels.k3 import build_model
 
@@ -91,21 +94,23 @@ def main() -> int:
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + written)")
     rows = []
     for batch in args.batches:
-        model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant="baseline", delay_kernel="",
-                                            delay_ns=0, no_fork=False))
-        step_ms = time_step(model, args.replays)
-        parts = bytes_read_per_step(model)
-        total = sum(parts.values())
-        floor_ms = total / bw * 1e3
-        row = {"batch": batch, "step_ms": step_ms, "bytes_read": total, "floor_ms": floor_ms,
-               "ratio": step_ms / floor_ms, "parts_gb": {k: v / 1e9 for k, v in parts.items()},
-               "copy_tb_s": bw / 1e12}
-        rows.append(row)
-        print(f"B={batch:3d}: step {step_ms:8.3f} ms   reads {total / 1e9:7.2f} GB   HBM floor {floor_ms:8.3f} ms   "
-              f"ratio {step_ms / floor_ms:5.2f}" + ("  (goal <= 1.25)" if batch == 1 else ""))
-        print("        " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in parts.items()))
-        del model
-        torch.cuda.empty_cache()
+        for variant in args.variants:
+            model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=variant, delay_kernel="",
+                                                delay_ns=0, no_fork=False))
+            step_ms = time_step(model, args.replays)
+            parts = bytes_read_per_step(model)
+            total = sum(parts.values())
+            floor_ms = total / bw * 1e3
+            row = {"batch": batch, "variant": variant, "step_ms": step_ms, "bytes_read": total,
+                   "floor_ms": floor_ms, "ratio": step_ms / floor_ms,
+                   "parts_gb": {k: v / 1e9 for k, v in parts.items()}, "copy_tb_s": bw / 1e12}
+            rows.append(row)
+            print(f"B={batch:3d} {variant}: step {step_ms:8.3f} ms   reads {total / 1e9:7.2f} GB   "
+                  f"HBM floor {floor_ms:8.3f} ms   ratio {step_ms / floor_ms:5.2f}"
+                  + ("  (goal <= 1.25)" if batch == 1 else ""))
+            print("        " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in parts.items()))
+            del model
+            torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

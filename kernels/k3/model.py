@@ -112,6 +112,9 @@ class MoELayer:
     latent_norm: torch.Tensor    # [3584]
     up: torch.Tensor             # [3584, H]
     shared_down: torch.Tensor    # [768, H]
+    # router_fork: the router columns of `front`, transposed ([896, H], each expert's K
+    # contiguous) for the streaming GEMV; a copy, so every variant draws the same weights.
+    router_t: torch.Tensor | None = None
 
 
 @dataclass
@@ -165,6 +168,11 @@ class Scratch:
         K, P = cfg.top_k, B * cfg.top_k
         G = min(P, cfg.experts)
         self.front = e(B, cfg.front_width)
+        # router_fork: the logits and the rest of the front in buffers of their own (a
+        # column view of `front` would be strided at B > 1, and torch.mm would copy).
+        r0, r1 = cfg.front_slices["router"]
+        self.router_logits = e(B, r1 - r0)
+        self.front_rest = e(B, cfg.front_width - (r1 - r0))
         self.shared_h = e(B, cfg.shared_inter)
         self.shared_out = e(B, H)
         # Routing per layer (cheap; lets a test check every layer's selection).
@@ -292,11 +300,14 @@ class K3Decode:
     def _build_moe(self, l: int) -> MoELayer:
         c, H = self.cfg, self.cfg.hidden
         w13, w2 = self.banks[c.expert_bank(l)]
-        return MoELayer(
+        layer = MoELayer(
             front=self._w(H, H, c.front_width),
             router_bias=self._randn(c.experts, std=0.05, dtype=F32),
             w13=w13, w2=w2, latent_norm=self._norm_w(c.latent), up=self._w(c.latent, c.latent, H),
             shared_down=self._w(c.shared_inter, c.shared_inter, H))
+        if self.variant.router_fork:
+            layer.router_t = layer.front[:, slice(*c.front_slices["router"])].t().contiguous()
+        return layer
 
     def _build_dense(self) -> DenseLayer:
         c, H = self.cfg, self.cfg.hidden
@@ -520,7 +531,7 @@ class K3Decode:
                          self.seq_lens, s.fmha_partial, s.fmha_lse, cfg.sm_scale,
                          num_splits=cfg.fmha_splits, page_size=cfg.page_size)
             self._triton(P.FMHA_COMBINE, mla_decode_combine, s.fmha_partial, s.fmha_lse,
-                         self.seq_lens, s.attn_lat.transpose(0, 1))
+                         self.seq_lens, s.attn_lat.transpose(0, 1), wide=v.mla_combine_wide)
             self._bmm(P.V_UP, s.attn_lat, w.w_uv, s.mla_o.transpose(0, 1))
             self._join(gate)
             self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
@@ -531,21 +542,32 @@ class K3Decode:
     def _moe(self, l: int, w: MoELayer) -> None:
         cfg, s, v = self.cfg, self.s, self.variant
         sl = cfg.front_slices
-        logits = s.front[:, slice(*sl["router"])]
-        latent = s.front[:, slice(*sl["latent"])]
-        shared_gu = s.front[:, slice(*sl["shared"])]
-        ids, weights = s.topk_ids[l], s.topk_w[l]
+        weights = s.topk_w[l]
         seg = (s.sorted_pairs, s.seg_expert, s.seg_start, s.num_segs)
         with self._segment(l, MOE):
-            self._mm(P.FRONT, s.x, w.front, s.front)
+            if v.router_fork:
+                # The router and the rest of the front are separate reads of the same
+                # weights; the rest starts right after the router columns.
+                r1 = sl["router"][1]
+                latent = s.front_rest[:, sl["latent"][0] - r1:sl["latent"][1] - r1]
+                shared_gu = s.front_rest[:, sl["shared"][0] - r1:sl["shared"][1] - r1]
+                router = self._fork(P.AUX2)
+                with self._on(router):
+                    self._triton(P.ROUTER_GEMV, gemv, s.x, w.router_t, s.router_logits)
+                    self._route(l, w, s.router_logits)
+                self._mm(P.FRONT, s.x, w.front[:, r1:], s.front_rest)
+            else:
+                latent = s.front[:, slice(*sl["latent"])]
+                shared_gu = s.front[:, slice(*sl["shared"])]
+                self._mm(P.FRONT, s.x, w.front, s.front)
             shared = self._fork(P.AUX1)  # shared experts on S1 in every variant
             with self._on(shared):
                 self._triton(P.SHARED_ACT, situ_mul, shared_gu, s.shared_h)
                 self._mm(P.SHARED_DOWN, s.shared_h, w.shared_down, s.shared_out)
-            self._triton(P.ROUTER, moe_router, logits, w.router_bias, ids, weights,
-                         scale=cfg.routed_scale, multipass=v.router_multipass,
-                         scratch=s.router_scratch, group_size=cfg.router_group)
-            self._triton(P.ALIGN, moe_align, ids, cfg.experts, *seg)
+            if v.router_fork:
+                self._join(router)
+            else:
+                self._route(l, w, s.front[:, slice(*sl["router"])])
             self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg, s.expert_gu,
                          top_k=cfg.top_k, x_is_per_token=True)
             self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
@@ -558,6 +580,15 @@ class K3Decode:
             self._join(shared)
             self._triton(P.ADD3, add3, self._partial(l), s.routed_out, s.shared_out)
             self._all_reduce()
+
+    def _route(self, l: int, w: MoELayer, logits: torch.Tensor) -> None:
+        """Top-k of the router logits, then the pairs grouped by expert."""
+        cfg, s = self.cfg, self.s
+        self._triton(P.ROUTER, moe_router, logits, w.router_bias, s.topk_ids[l], s.topk_w[l],
+                     scale=cfg.routed_scale, multipass=self.variant.router_multipass,
+                     scratch=s.router_scratch, group_size=cfg.router_group)
+        self._triton(P.ALIGN, moe_align, s.topk_ids[l], cfg.experts, s.sorted_pairs,
+                     s.seg_expert, s.seg_start, s.num_segs)
 
     def _dense(self, l: int, w: DenseLayer) -> None:
         s = self.s

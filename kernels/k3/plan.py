@@ -46,6 +46,7 @@ KV_A, KV_A_NORM, CACHE_INSERT, Q_CONCAT = "kv_a", "kv_a_norm", "cache_insert", "
 G_PROJ, FMHA, FMHA_COMBINE, V_UP, GATE_MUL = "g_proj", "fmha", "fmha_combine", "v_up", "gate_mul"
 # MoE
 FRONT, SHARED_ACT, SHARED_DOWN = "front", "shared_act", "shared_down"
+ROUTER_GEMV = "router_gemv"
 ROUTER, ALIGN, EXPERT_GATE_UP, EXPERT_ACT, EXPERT_DOWN = (
     "router", "align", "expert_gate_up", "expert_act", "expert_down")
 WEIGHTED_SUM, LATENT_NORM, UP, ADD3 = "weighted_sum", "latent_norm", "up", "add3"
@@ -68,6 +69,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "mla_cache_insert": ("mla_q_concat_kernel",),  # the same kernel with no query rows
     "mla_decode_fmha": ("mla_decode_fmha_kernel",),
     "mla_decode_combine": ("mla_decode_combine_kernel",),
+    "mla_decode_combine/wide": ("mla_decode_combine_wide_kernel",),
     "gate_mul": ("gate_mul_kernel",),
     "moe_router": ("moe_router_kernel",),
     "moe_router/multipass": ("moe_router_group_kernel", "moe_router_merge_kernel"),
@@ -247,7 +249,9 @@ def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
     if f:
         items.append(Fork(AUX2))
     items.append(_mm(G_PROJ, AUX2 if f else MAIN))
-    items += [_t(FMHA, MAIN, "mla_decode_fmha"), _t(FMHA_COMBINE, MAIN, "mla_decode_combine"),
+    combine = "mla_decode_combine/wide" if v.mla_combine_wide else None
+    items += [_t(FMHA, MAIN, "mla_decode_fmha"),
+              _t(FMHA_COMBINE, MAIN, "mla_decode_combine", combine),
               _mm(V_UP, MAIN, "bmm")]
     if f:
         items.append(Join(AUX2))
@@ -257,11 +261,20 @@ def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
 
 def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     # The shared-expert fork stays on in every variant (no_attn_forks is attention only).
-    router = _t(ROUTER, MAIN, "moe_router", "moe_router/multipass" if v.router_multipass else None)
+    key = "moe_router/multipass" if v.router_multipass else None
+    if v.router_fork:
+        # Seed 003: the router logits get their own streaming GEMV on S2, so the top-k and
+        # the align run there while main streams the rest of the front GEMM.
+        head = [Fork(AUX2), _t(ROUTER_GEMV, AUX2, "gemv"), _t(ROUTER, AUX2, "moe_router", key),
+                _t(ALIGN, AUX2, "moe_align"),
+                _mm(FRONT, MAIN), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
+                _mm(SHARED_DOWN, AUX1), Join(AUX2)]
+    else:
+        head = [_mm(FRONT, MAIN), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
+                _mm(SHARED_DOWN, AUX1), _t(ROUTER, MAIN, "moe_router", key),
+                _t(ALIGN, MAIN, "moe_align")]
     return [
-        _mm(FRONT, MAIN), Fork(AUX1),
-        _t(SHARED_ACT, AUX1, "situ_mul"), _mm(SHARED_DOWN, AUX1),
-        router, _t(ALIGN, MAIN, "moe_align"),
+        *head,
         _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"), _t(EXPERT_ACT, MAIN, "situ_mul"),
         _t(EXPERT_DOWN, MAIN, "moe_grouped_gemm"), _t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"),
         _t(LATENT_NORM, MAIN, "rmsnorm"), _mm(UP, MAIN),

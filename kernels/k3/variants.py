@@ -21,6 +21,10 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "kda_norm_separate": ("kda_norm_fused", False),       # seed 003
     "residual_separate": ("residual_folded", False),      # seed 003
     "kda_cute": ("kda_cute", True),
+    # The bs1 campaign (kernels/README.md, "The bs1 campaign"), one change per flag.
+    "router_fork": ("router_fork", True),                 # seed 003
+    "mla_combine_wide": ("mla_combine_wide", True),
+    "attn_res_fused": ("attn_res_fused", True),           # seed 003
 }
 
 DELAY_PREFIX = "delay"
@@ -34,6 +38,9 @@ class Variant:
     kda_norm_fused: bool = True      # gated RMSNorm in kda_step's epilogue
     residual_folded: bool = True     # attention residual add folded into attn_res_score
     kda_cute: bool = False           # KDA step in CuTe DSL
+    router_fork: bool = False        # router logits by a GEMV on S2; top-k + align hidden there
+    mla_combine_wide: bool = False   # split-KV combine over (head, 64-column) programs
+    attn_res_fused: bool = False     # score + combine in one launch (grid barrier)
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

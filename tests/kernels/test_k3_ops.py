@@ -273,6 +273,11 @@ def test_mla_decode(NH, DL, DR, page, seq):
     close(out, R.ref_mla_decode(q, cache, block_table, seq_lens, sm_scale, DL, page))
     assert torch.isinf(lse[0, :, 1:]).all()  # seq_len 1: only split 0 has a token
     assert torch.isfinite(out.float()).all()
+    # Variant mla_combine_wide: the same sum in another fp32 order (one bf16 rounding).
+    wide = torch.empty_like(out)
+    mla.mla_decode_combine(partial, lse, seq_lens, wide, wide=True)
+    close(wide, out, atol=1e-2, rtol=1e-2)
+    assert torch.equal(wide[seq_lens == 0], out[seq_lens == 0])  # zeros, not NaN
 
 
 def test_gate_mul():
@@ -471,8 +476,9 @@ for B in (1, 8, 64):
     S = max(1, 64 // B)
     mla.mla_decode_fmha(e(B, 12, 576), cache, e(B, 130, dt=I32), e(B, dt=I32),
                         e(B, 12, S, 512, dt=F32), e(B, 12, S, dt=F32), 0.07, num_splits=S)
-    mla.mla_decode_combine(e(B, 12, S, 512, dt=F32), e(B, 12, S, dt=F32), e(B, dt=I32),
-                           e(12, B, 512).transpose(0, 1))
+    for wide in (False, True):
+        mla.mla_decode_combine(e(B, 12, S, 512, dt=F32), e(B, 12, S, dt=F32), e(B, dt=I32),
+                               e(12, B, 512).transpose(0, 1), wide=wide)
     mla.gate_mul(e(B, 1536), e(B, 1536), e(B, 1536))
     ids, w = e(B, 16, dt=I32), e(B, 16, dt=F32)
     moe.moe_router(e(B, 6016)[:, :896], e(896, dt=F32), ids, w)

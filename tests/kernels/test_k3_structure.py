@@ -122,6 +122,8 @@ def test_baseline_counts():
     ("kda_norm_separate", +69),         # gated RMSNorm as its own kernel
     ("residual_separate", +93 - 7),     # not on the 7 layers that open a block
     ("router_multipass", +92 * (len(P.TRITON_KERNELS["moe_router/multipass"]) - 1)),
+    ("router_fork", +92),               # the router GEMV; the front GEMM stays one call
+    ("mla_combine_wide", 0),
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -200,6 +202,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.KDA_NORM)
         if seg.family == "mla" and not v.attn_forks:
             ops.append(P.CACHE_INSERT)  # fused into q_concat
+        if seg.family == "moe" and v.router_fork:
+            ops.remove(P.ROUTER_GEMV)  # the front's router columns, read on their own
         out.append((seg.layer, seg.family, ops))
     # A folded residual add lives inside the pre-MLP score (segment 2 of each layer's 4).
     for i, (layer, fam, ops) in enumerate(out):
@@ -221,6 +225,20 @@ def test_variant_specific_launchers():
     assert all(l.kernels == P.TRITON_KERNELS["moe_router/multipass"] for l in router)
     cute = [l for _, l in P.build_plan(cfg, parse("kda_cute")).launches() if l.subop == P.KDA_STEP]
     assert all(l.kind == P.CUTE for l in cute)
+
+
+def test_router_fork_streams():
+    """Seed 003: router GEMV, top-k and align on S2, forked before the front GEMM and joined
+    before the first grouped GEMM; the shared-expert leg stays on S1."""
+    p = P.build_plan(FULL, parse("router_fork"))
+    moe = next(s for s in p.segments if s.family == "moe")
+    order = [(type(i).__name__, getattr(i, "subop", getattr(i, "side", ""))) for i in moe.items]
+    assert order[:4] == [("Fork", P.AUX2), ("Launch", P.ROUTER_GEMV), ("Launch", P.ROUTER),
+                         ("Launch", P.ALIGN)]
+    assert all(l.stream == P.AUX2 for l in moe.launches[:3])
+    assert order.index(("Join", P.AUX2)) < order.index(("Launch", P.EXPERT_GATE_UP))
+    assert order.index(("Launch", P.FRONT)) < order.index(("Fork", P.AUX1))
+    assert p.forks()[P.AUX2] - P.build_plan(FULL).forks()[P.AUX2] == 92
 
 
 def test_tiny_config_keeps_the_structure():
