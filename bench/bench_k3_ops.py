@@ -130,6 +130,83 @@ def attn_res(B: int, calls: int, n_rows: int) -> dict[str, float]:
     return res
 
 
+def _copies(nbytes: int) -> int:
+    return max(2, -(-240_000_000 // nbytes))  # > 4x the L2 in flight across the calls
+
+
+#: (K, N) of the dense GEMMs a bs1 step streams, with the layers that run each.
+LINEAR_SHAPES = {"moe front (rest, router_fork)": (7168, 5120, 92), "moe front": (7168, 6016, 92),
+                 "kda qkvg": (7168, 6144, 69), "moe up": (3584, 7168, 92), "kda o_proj": (1536, 7168, 69),
+                 "mla q_a / g_proj": (7168, 1536, 48), "mla o_proj": (1536, 7168, 24),
+                 "shared down": (768, 7168, 92)}
+SKINNY_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for w in (4,) for st in (3, 5)]
+
+
+def linear_sweep(B: int, calls: int) -> dict[str, dict]:
+    """torch.mm (cuBLAS) against the skinny Triton GEMM over its config sweep, per shape."""
+    from kernels.k3.ops.gemv import skinny_mm
+
+    res = {}
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for name, (K, N, layers) in LINEAR_SHAPES.items():
+        n = _copies(K * N * 2)
+        ws = [torch.randn(K, N, device="cuda", dtype=BF, generator=g) * K ** -0.5 for _ in range(n)]
+        x = torch.randn(B, K, device="cuda", dtype=BF, generator=g)
+        out = torch.empty(B, N, device="cuda", dtype=BF)
+        cublas = per_call_us(lambda i: torch.mm(x, ws[i % n], out=out), calls)
+        best = None
+        for cfg in SKINNY_SWEEP:
+            us = per_call_us(lambda i, c=cfg: skinny_mm(x, ws[i % n], out, config=c), calls)
+            if best is None or us < best[1]:
+                best = (cfg, us)
+        tb = K * N * 2 / (best[1] * 1e-6) / 1e12
+        res[name] = {"K": K, "N": N, "layers": layers, "cublas_us": cublas, "best_config": best[0],
+                     "skinny_us": best[1], "skinny_tb_s": tb, "cublas_tb_s": K * N * 2 / (cublas * 1e-6) / 1e12}
+        del ws
+        torch.cuda.empty_cache()
+    return res
+
+
+def grouped_sweep(B: int, calls: int) -> dict[str, dict]:
+    """The routed-expert grouped GEMMs over block shapes (the default is block_n 64,
+    block_k 128, 4 warps, 4 stages)."""
+    from kernels.k3.ops.moe import moe_align, moe_grouped_gemm, moe_router
+
+    E, K, I, L, routings = 896, 16, 384, 3584, 4
+    g = torch.Generator(device="cuda").manual_seed(4)
+    w13 = torch.randn(E, 2 * I, L, device="cuda", dtype=BF, generator=g) * L ** -0.5
+    w2 = torch.randn(E, L, I, device="cuda", dtype=BF, generator=g) * I ** -0.5
+    P = B * K
+    segs = []
+    for r in range(routings):  # different experts per call: no weight stays in L2
+        ids = torch.empty(B, K, device="cuda", dtype=I32)
+        wts = torch.empty(B, K, device="cuda", dtype=F32)
+        moe_router(torch.randn(B, E, device="cuda", dtype=BF, generator=g),
+                   torch.zeros(E, device="cuda", dtype=F32), ids, wts)
+        seg = (torch.empty(P, device="cuda", dtype=I32), torch.empty(min(P, E), device="cuda", dtype=I32),
+               torch.empty(min(P, E) + 1, device="cuda", dtype=I32), torch.empty(1, device="cuda", dtype=I32))
+        moe_align(ids, E, *seg)
+        segs.append(seg)
+    lat = torch.randn(B, L, device="cuda", dtype=BF, generator=g)
+    h = torch.randn(P, I, device="cuda", dtype=BF, generator=g)
+    gu, y = torch.empty(P, 2 * I, device="cuda", dtype=BF), torch.empty(P, L, device="cuda", dtype=BF)
+    res = {}
+    for name, args, kw in (("gate_up", (lat, w13), dict(out=gu, x_is_per_token=True)),
+                           ("down", (h, w2), dict(out=y, x_is_per_token=False))):
+        rows = {}
+        for bn in (32, 64, 128):
+            for bk in (64, 128, 256):
+                for stages in (3, 4):
+                    us = per_call_us(lambda i: moe_grouped_gemm(*args, *segs[i % routings],
+                                                                block_n=bn, block_k=bk, num_stages=stages, **kw),
+                                     calls)
+                    rows[f"{bn}/{bk}/4/{stages}"] = us
+        default = rows["64/128/4/4"]
+        best = min(rows, key=rows.get)
+        res[name] = {"default_us": default, "best_config": best, "best_us": rows[best], "all": rows}
+    return res
+
+
 #: change -> (layers it applies to at full depth, the case's old and new keys)
 SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
                            "router_fork: [router GEMV -> router -> align] || rest of front"),
@@ -142,10 +219,21 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--json", default="")
+    p.add_argument("--sweep", action="store_true", help="also sweep the dense and grouped GEMM configs")
     args = p.parse_args()
     B = args.batch
     cases = {"router_fork": router_head(B, args.calls), "mla_combine_wide": mla_combine(B, 50),
              "attn_res_fused": attn_res(B, 50, 8), "attn_res_fused, 2 rows": attn_res(B, 50, 2)}
+    sweeps = {}
+    if args.sweep:
+        sweeps["linear"] = linear_sweep(B, args.calls)
+        for name, r in sweeps["linear"].items():
+            print(f"linear {name:30s} K={r['K']:5d} N={r['N']:5d}: cuBLAS {r['cublas_us']:7.2f} us "
+                  f"({r['cublas_tb_s']:.2f} TB/s), skinny {r['skinny_us']:7.2f} us ({r['skinny_tb_s']:.2f} TB/s) "
+                  f"at {r['best_config']}; x{r['layers']} = {(r['cublas_us'] - r['skinny_us']) * r['layers'] / 1e3:+.3f} ms saved")
+        sweeps["grouped"] = grouped_sweep(B, args.calls)
+        for name, r in sweeps["grouped"].items():
+            print(f"grouped {name}: default {r['default_us']:.2f} us, best {r['best_us']:.2f} us at {r['best_config']}")
     for name, res in cases.items():
         print(f"{name} (B={B})")
         for k, v in res.items():
@@ -160,7 +248,7 @@ def main() -> int:
         print(f"    {name:18s} {o:7.2f} -> {n:7.2f} us x {layers:3d} layers = {(o - n) * layers / 1e3:6.3f} ms")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"batch": B, "cases": cases}, fh, indent=1)
+            json.dump({"batch": B, "cases": cases, "sweeps": sweeps}, fh, indent=1)
     return 0
 
 

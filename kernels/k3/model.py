@@ -50,7 +50,7 @@ from kernels.k3.ops.moe import (
     router_scratch_shape,
     situ_mul,
 )
-from kernels.k3.ops.gemv import gemv
+from kernels.k3.ops.gemv import gemv, skinny_mm
 from kernels.k3.ops.norm import rmsnorm
 from kernels.k3.variants import BASELINE, Variant
 from kernels.streams import Streams, fork, join, nvtx_range, on
@@ -407,6 +407,9 @@ class K3Decode:
             fn(*args, **kwargs, delay_ns=delay)
 
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+        if P.linear_is_triton(self.cfg, self.variant):
+            self._triton(subop, skinny_mm, a, w, out)
+            return
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
         with self._subop(subop):
             torch.mm(a, w, out=out)

@@ -78,7 +78,10 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "situ_mul": ("situ_mul_kernel",),
     "moe_weighted_sum": ("moe_weighted_sum_kernel",),
     "gemv": ("gemv_kernel",),
+    "skinny_mm": ("skinny_mm_kernel",),
 }
+#: Variant triton_linear takes the dense GEMMs (not the BMMs) up to this batch.
+SKINNY_MAX_B = 16
 #: The CuTe DSL KDA step (variant kda_cute).
 CUTE_KDA_KERNEL = "kda_step_cute"
 
@@ -301,6 +304,20 @@ def layer_segments(cfg: K3Config, v: Variant, layer: int) -> list[Segment]:
     ]
 
 
+def linear_is_triton(cfg: K3Config, v: Variant) -> bool:
+    """Whether the dense GEMMs run as the skinny Triton GEMM (variant triton_linear)."""
+    return v.triton_linear and cfg.batch <= SKINNY_MAX_B
+
+
+def _linear_as_triton(seg: Segment) -> Segment:
+    items = tuple(_t(i.subop, i.stream, "skinny_mm")
+                  if isinstance(i, Launch) and i.kind == CUBLAS and i.launcher == "mm" else i
+                  for i in seg.items)
+    return Segment(seg.layer, seg.family, items)
+
+
 def build_plan(cfg: K3Config, variant: Variant = BASELINE) -> StepPlan:
     segments = [s for layer in cfg.layers for s in layer_segments(cfg, variant, layer)]
+    if linear_is_triton(cfg, variant):
+        segments = [_linear_as_triton(s) for s in segments]
     return StepPlan(cfg, variant, tuple(segments))

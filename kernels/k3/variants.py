@@ -25,6 +25,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "router_fork": ("router_fork", True),                 # seed 003
     "mla_combine_wide": ("mla_combine_wide", True),
     "attn_res_fused": ("attn_res_fused", True),           # seed 003
+    "triton_linear": ("triton_linear", True),
 }
 
 DELAY_PREFIX = "delay"
@@ -41,6 +42,7 @@ class Variant:
     router_fork: bool = False        # router logits by a GEMV on S2; top-k + align hidden there
     mla_combine_wide: bool = False   # split-KV combine over (head, 64-column) programs
     attn_res_fused: bool = False     # score + combine in one launch (grid barrier)
+    triton_linear: bool = False      # dense GEMMs as the skinny Triton GEMM at B <= 16
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

@@ -31,3 +31,32 @@ def test_gemv_k3_shape(B):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     run(B, 7168, 140, "cuda")
+
+
+def run_skinny(B, K, N, device, w_cols=None):
+    from kernels.k3.ops.gemv import skinny_mm
+
+    g = torch.Generator(device="cpu").manual_seed(B * 1000 + N)
+    x = torch.randn(B, K, generator=g).to(device, torch.bfloat16)
+    wide = (torch.randn(K, w_cols or N, generator=g) * K ** -0.5).to(device, torch.bfloat16)
+    w = wide[:, -N:]  # a column slice, as the router_fork front takes it
+    out = torch.empty(B, N, device=device, dtype=torch.bfloat16)
+    skinny_mm(x, w, out)
+    torch.testing.assert_close(out.double(), x.double() @ w.double(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("B,K,N,cols", [(1, 300, 40, None), (3, 512, 100, 130), (16, 256, 64, None)])
+def test_skinny_mm_cpu(B, K, N, cols):
+    """Variant triton_linear's GEMM vs float64 (ragged K and N, a strided column slice)."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter test")
+    run_skinny(B, K, N, "cpu", cols)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 8, 16])
+def test_skinny_mm_k3_shapes(B):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    for K, N, cols in ((7168, 5120, 6016), (7168, 6144, None), (3584, 7168, None), (1536, 7168, None)):
+        run_skinny(B, K, N, "cuda", cols)

@@ -437,14 +437,14 @@ import os, re, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.k3.ops import attn_res, kda, mla, moe, norm
+from kernels.k3.ops import attn_res, gemv, kda, mla, moe, norm
 
 calls = []
 def fake_launch(kernel, grid, *args, delay_ns=0, **meta):
     calls.append((kernel, args, meta))
-for m in (attn_res, kda, mla, moe, norm):
+for m in (attn_res, gemv, kda, mla, moe, norm):
     m.launch = fake_launch
-mla.DOT_F32 = moe.DOT_F32 = False
+mla.DOT_F32 = moe.DOT_F32 = gemv.DOT_F32 = False
 
 BF, F32, I32 = torch.bfloat16, torch.float32, torch.int32
 def e(*shape, dt=BF):
@@ -491,6 +491,10 @@ for B in (1, 8, 64):
     moe.moe_grouped_gemm(e(P, 384), e(896, 3584, 384), *al, e(P, 3584), x_is_per_token=False)
     moe.situ_mul(e(P, 768), e(P, 384)); moe.situ_mul(e(B, 6016)[:, 4480:], e(B, 768))
     moe.moe_weighted_sum(e(P, 3584), w, e(B, 3584))
+    gemv.gemv(e(B, H), e(140, H), e(B, 140)); gemv.gemv(e(B, H), e(896, H), e(B, 896))
+    if B <= gemv.SKINNY_MAX_B:  # variant triton_linear: every shape's config
+        for (K, N), cfg in [((H, 5120), None), *gemv.SKINNY_CONFIGS.items()]:
+            gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg)
 
 TY = {BF: "bf16", F32: "fp32", I32: "i32", torch.int64: "i64"}
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")

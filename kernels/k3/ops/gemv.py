@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.k3.ops.common import launch, pdl_trigger, pdl_wait, spin, to_dtype
+from kernels.k3.plan import SKINNY_MAX_B  # one MMA tile of tokens; torch.mm beyond
+from kernels.k3.ops.common import DOT_F32, dot, launch, pdl_trigger, pdl_wait, spin, to_dtype
 
 
 @triton.jit
@@ -49,4 +50,61 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
     block_k = block_k or min(triton.next_power_of_2(K), 8192)
     launch(gemv_kernel, (triton.cdiv(N, block_n), B), x, w_t, out, K, N, x.stride(0), w_t.stride(0), out.stride(0),
            delay_ns=delay_ns, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Skinny GEMM over torch.mm's weight layout (variant triton_linear)
+# --------------------------------------------------------------------------------------
+@triton.jit
+def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+                     USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # out[B, N] = x[B, K] @ w[K, N], w row-major (N contiguous, as torch.mm takes it). One
+    # program per BLOCK_N columns streams its whole K; the few tokens pad the MMA's M side.
+    ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = ns < N
+    ms = tl.arange(0, BLOCK_M)
+    mm = ms < B
+    kr = tl.arange(0, BLOCK_K)
+    w_cols = w + ns[None, :]
+    x_rows = x + ms.to(tl.int64)[:, None] * stride_x
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    pdl_wait(USE_PDL)  # x is the producer's output
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + kr
+        if EVEN_K:
+            wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=nm[None, :], other=0.0)
+            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None], other=0.0)
+        else:
+            km = ks < K
+            wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=km[:, None] & nm[None, :],
+                         other=0.0)
+            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None] & km[None, :], other=0.0)
+        acc = dot(xt, wt, acc, DOT_F32)
+    tl.store(out + ms.to(tl.int64)[:, None] * stride_out + ns[None, :],
+             to_dtype(acc, out.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+    spin(DELAY_NS)
+    pdl_trigger(USE_PDL)
+
+
+#: (block_n, block_k, num_warps, num_stages) per (K, N), from bench/bench_k3_ops.py's sweep
+#: on the H200 at B = 1; other shapes take the default.
+SKINNY_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+SKINNY_DEFAULT = (32, 256, 4, 4)
+
+
+def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
+              config: tuple[int, int, int, int] | None = None, delay_ns: int = 0) -> torch.Tensor:
+    """out = x @ w for B <= SKINNY_MAX_B tokens; w [K, N] with unit column stride (a
+    column slice of a wider weight is fine), x and out row-strided."""
+    B, K = x.shape
+    N = w.shape[1]
+    assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
+    assert w.stride(1) == 1 and x.stride(1) == 1 and out.stride(1) == 1
+    bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
+    launch(skinny_mm_kernel, (triton.cdiv(N, bn),), x, w, out, B, K, N, x.stride(0), w.stride(0),
+           out.stride(0), BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0, DOT_F32=DOT_F32,
+           num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
