@@ -11,6 +11,11 @@
 #   engine   (carry .nsys)  the 8-layer bs1 baseline with vLLM-style layerwise module NVTX (graph
 #                           captured inside the window, and before it with one eager step); unpacks
 #                           nsys itself; needs neither CuTe DSL nor nvtx
+#   campaign_test  (carry .nsys)  the bs1 campaign (kernels/README.md): its GPU tests, the
+#                  standalone cases and GEMM sweeps (bench/bench_k3_ops.py, B = 1 and 8), the
+#                  step against the HBM floor for each cumulative build (B = 1, 8, 64)
+#   campaign_rec   (carry .nsys)  full-depth bs1 recordings of each cumulative build, two runs
+#                  each (noise bands from repeats), 60 steps; the 8-layer fixtures of each build
 # Leaves logs and compressed .qdstrm files in $OUT.
 set -u
 phase=${1:?phase}
@@ -32,7 +37,36 @@ pack() {  # archive name: every .qdstrm + json + log under /tmp/rec, xz-compress
   ls -la "$OUT"
 }
 
+# The campaign's cumulative builds, in the order the changes were made.
+C1=router_fork
+C2=$C1+mla_combine_wide
+C3=$C2+attn_res_fused
+C4=$C3+triton_linear
+
 case $phase in
+campaign_test)
+  set -o pipefail
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_k3_ops.py \
+    -k "skinny or gemv or mla_decode or attn_res" 2>&1 | tee $OUT/gpu_ops.log | tail -5
+  timeout 240 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "kernel_nodes or matches_reference or variant_pairs" 2>&1 | tee $OUT/gpu_model.log | tail -5
+  timeout 200 python3 bench/bench_k3_ops.py --batch 1 ${SWEEP:---sweep} --json $OUT/ops_b1.json 2>&1 | tee $OUT/ops_b1.log
+  timeout 100 python3 bench/bench_k3_ops.py --batch 8 --json $OUT/ops_b8.json 2>&1 | tee $OUT/ops_b8.log
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --variants baseline ${VARIANTS:-$C1 $C2 $C3 $C4} \
+    --json $OUT/step_b1.json 2>&1 | tee $OUT/step_b1.log ;;
+campaign_big)
+  timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
+    --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;
+campaign_rec)
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  i=0
+  for v in baseline $C1 $C2 $C3 $C4; do
+    for r in a b; do rec k3_full_c${i}_$r --steps 60 --variant $v; done
+    rec k3_bs1_c$i --layers 8 --steps 40 --variant $v
+    i=$((i + 1))
+  done
+  pack k3_campaign ;;
 engine)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
