@@ -139,7 +139,18 @@ LINEAR_SHAPES = {"moe front (rest, router_fork)": (7168, 5120, 92), "moe front":
                  "kda qkvg": (7168, 6144, 69), "moe up": (3584, 7168, 92), "kda o_proj": (1536, 7168, 69),
                  "mla q_a / g_proj": (7168, 1536, 48), "mla o_proj": (1536, 7168, 24),
                  "shared down": (768, 7168, 92)}
-SKINNY_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for w in (4,) for st in (3, 5)]
+SKINNY_SWEEP = [(bn, bk, w, st) for bn in (32, 64, 128) for bk in (128, 256) for w in (4, 8) for st in (4, 6, 8)]
+
+
+def _try_us(fn, calls: int) -> float:
+    """per_call_us, or inf for a config the GPU cannot hold (shared memory)."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        return per_call_us(fn, calls)
+    except OutOfResources:
+        torch.cuda.synchronize()
+        return float("inf")
 
 
 def linear_sweep(B: int, calls: int) -> dict[str, dict]:
@@ -156,7 +167,7 @@ def linear_sweep(B: int, calls: int) -> dict[str, dict]:
         cublas = per_call_us(lambda i: torch.mm(x, ws[i % n], out=out), calls)
         best = None
         for cfg in SKINNY_SWEEP:
-            us = per_call_us(lambda i, c=cfg: skinny_mm(x, ws[i % n], out, config=c), calls)
+            us = _try_us(lambda i, c=cfg: skinny_mm(x, ws[i % n], out, config=c), calls)
             if best is None or us < best[1]:
                 best = (cfg, us)
         tb = K * N * 2 / (best[1] * 1e-6) / 1e12
@@ -197,7 +208,7 @@ def grouped_sweep(B: int, calls: int) -> dict[str, dict]:
         for bn in (32, 64, 128):
             for bk in (64, 128, 256):
                 for stages in (3, 4):
-                    us = per_call_us(lambda i: moe_grouped_gemm(*args, *segs[i % routings],
+                    us = _try_us(lambda i: moe_grouped_gemm(*args, *segs[i % routings],
                                                                 block_n=bn, block_k=bk, num_stages=stages, **kw),
                                      calls)
                     rows[f"{bn}/{bk}/4/{stages}"] = us
@@ -224,6 +235,10 @@ def main() -> int:
     B = args.batch
     cases = {"router_fork": router_head(B, args.calls), "mla_combine_wide": mla_combine(B, 50),
              "attn_res_fused": attn_res(B, 50, 8), "attn_res_fused, 2 rows": attn_res(B, 50, 2)}
+    for name, res in cases.items():
+        print(f"{name} (B={B})")
+        for k, v in res.items():
+            print(f"    {k:64s} {v:8.2f} us")
     sweeps = {}
     if args.sweep:
         sweeps["linear"] = linear_sweep(B, args.calls)
@@ -234,10 +249,6 @@ def main() -> int:
         sweeps["grouped"] = grouped_sweep(B, args.calls)
         for name, r in sweeps["grouped"].items():
             print(f"grouped {name}: default {r['default_us']:.2f} us, best {r['best_us']:.2f} us at {r['best_config']}")
-    for name, res in cases.items():
-        print(f"{name} (B={B})")
-        for k, v in res.items():
-            print(f"    {k:64s} {v:8.2f} us")
     print("standalone saving x layers (full depth; attn_res at 8 bank rows):")
     for name, (layers, old, new) in SAVINGS.items():
         res = cases[name]

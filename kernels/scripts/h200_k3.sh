@@ -54,6 +54,11 @@ campaign_test)
   timeout 100 python3 bench/bench_k3_ops.py --batch 8 --json $OUT/ops_b8.json 2>&1 | tee $OUT/ops_b8.log
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --variants baseline ${VARIANTS:-$C1 $C2 $C3 $C4} \
     --json $OUT/step_b1.json 2>&1 | tee $OUT/step_b1.log ;;
+campaign_probe)  # 8-layer bs1 recordings of the builds named in $PROBE (name=variant ...)
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for nv in $PROBE; do rec k3_probe_${nv%%=*} --layers 8 --steps 40 --variant ${nv#*=}; done
+  pack k3_probe ;;
 campaign_big)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
     --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;
