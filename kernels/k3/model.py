@@ -407,7 +407,7 @@ class K3Decode:
             fn(*args, **kwargs, delay_ns=delay)
 
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
-        if P.linear_is_triton(self.cfg, self.variant):
+        if P.linear_is_triton(self.cfg, self.variant, subop):
             self._triton(subop, skinny_mm, a, w, out)
             return
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")

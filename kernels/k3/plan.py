@@ -80,8 +80,11 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "gemv": ("gemv_kernel",),
     "skinny_mm": ("skinny_mm_kernel",),
 }
-#: Variant triton_linear takes the dense GEMMs (not the BMMs) up to this batch.
+#: Variant triton_linear takes these dense GEMMs up to this batch: the wide ones, where the
+#: skinny kernel streamed 13-20% faster than cuBLAS alone on the H200 (bench_k3_ops.py
+#: --sweep); on the narrow ones (q_a, g_proj: N = 1536) it was slower, on the rest even.
 SKINNY_MAX_B = 16
+SKINNY_SUBOPS = frozenset({"front", "qkvg", "up"})
 #: The CuTe DSL KDA step (variant kda_cute).
 CUTE_KDA_KERNEL = "kda_step_cute"
 
@@ -304,20 +307,20 @@ def layer_segments(cfg: K3Config, v: Variant, layer: int) -> list[Segment]:
     ]
 
 
-def linear_is_triton(cfg: K3Config, v: Variant) -> bool:
-    """Whether the dense GEMMs run as the skinny Triton GEMM (variant triton_linear)."""
-    return v.triton_linear and cfg.batch <= SKINNY_MAX_B
+def linear_is_triton(cfg: K3Config, v: Variant, subop: str) -> bool:
+    """Whether this dense GEMM runs as the skinny Triton GEMM (variant triton_linear)."""
+    return v.triton_linear and cfg.batch <= SKINNY_MAX_B and subop in SKINNY_SUBOPS
 
 
-def _linear_as_triton(seg: Segment) -> Segment:
+def _linear_as_triton(cfg: K3Config, v: Variant, seg: Segment) -> Segment:
     items = tuple(_t(i.subop, i.stream, "skinny_mm")
-                  if isinstance(i, Launch) and i.kind == CUBLAS and i.launcher == "mm" else i
-                  for i in seg.items)
+                  if isinstance(i, Launch) and i.launcher == "mm" and linear_is_triton(cfg, v, i.subop)
+                  else i for i in seg.items)
     return Segment(seg.layer, seg.family, items)
 
 
 def build_plan(cfg: K3Config, variant: Variant = BASELINE) -> StepPlan:
     segments = [s for layer in cfg.layers for s in layer_segments(cfg, variant, layer)]
-    if linear_is_triton(cfg, variant):
-        segments = [_linear_as_triton(s) for s in segments]
+    if variant.triton_linear:
+        segments = [_linear_as_triton(cfg, variant, s) for s in segments]
     return StepPlan(cfg, variant, tuple(segments))
