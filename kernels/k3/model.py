@@ -305,7 +305,7 @@ class K3Decode:
             router_bias=self._randn(c.experts, std=0.05, dtype=F32),
             w13=w13, w2=w2, latent_norm=self._norm_w(c.latent), up=self._w(c.latent, c.latent, H),
             shared_down=self._w(c.shared_inter, c.shared_inter, H))
-        if self.variant.router_fork:
+        if self.variant.router_fork and c.batch == 1:  # the GEMV path (plan.moe_items)
             layer.router_t = layer.front[:, slice(*c.front_slices["router"])].t().contiguous()
         return layer
 
@@ -556,7 +556,10 @@ class K3Decode:
                 shared_gu = s.front_rest[:, sl["shared"][0] - r1:sl["shared"][1] - r1]
                 router = self._fork(P.AUX2)
                 with self._on(router):
-                    self._triton(P.ROUTER_GEMV, gemv, s.x, w.router_t, s.router_logits)
+                    if cfg.batch == 1:
+                        self._triton(P.ROUTER_GEMV, gemv, s.x, w.router_t, s.router_logits)
+                    else:
+                        self._mm(P.ROUTER_GEMV, s.x, w.front[:, :r1], s.router_logits)
                     self._route(l, w, s.router_logits)
                 self._mm(P.FRONT, s.x, w.front[:, r1:], s.front_rest)
             else:
@@ -573,9 +576,13 @@ class K3Decode:
                 self._route(l, w, s.front[:, slice(*sl["router"])])
             self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg, s.expert_gu,
                          top_k=cfg.top_k, x_is_per_token=True)
-            self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
-            self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.expert_y,
-                         top_k=cfg.top_k, x_is_per_token=False)
+            if v.situ_fused:  # the down GEMM applies SiTU as it loads gate|up
+                self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_gu, w.w2, *seg, s.expert_y,
+                             top_k=cfg.top_k, x_is_per_token=False, act_in=True)
+            else:
+                self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
+                self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.expert_y,
+                             top_k=cfg.top_k, x_is_per_token=False)
             self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat)
             self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
                          cfg.norm_eps)

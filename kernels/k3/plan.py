@@ -271,7 +271,9 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     if v.router_fork:
         # Seed 003: the router logits get their own streaming GEMV on S2, so the top-k and
         # the align run there while main streams the rest of the front GEMM.
-        head = [Fork(AUX2), _t(ROUTER_GEMV, AUX2, "gemv"), _t(ROUTER, AUX2, "moe_router", key),
+        # At B > 1 the GEMV would stream the weights once per token: cuBLAS there.
+        logits = _t(ROUTER_GEMV, AUX2, "gemv") if cfg.batch == 1 else _mm(ROUTER_GEMV, AUX2)
+        head = [Fork(AUX2), logits, _t(ROUTER, AUX2, "moe_router", key),
                 _t(ALIGN, AUX2, "moe_align"),
                 _mm(FRONT, MAIN), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
                 _mm(SHARED_DOWN, AUX1), Join(AUX2)]
@@ -281,7 +283,8 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
                 _t(ALIGN, MAIN, "moe_align")]
     return [
         *head,
-        _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"), _t(EXPERT_ACT, MAIN, "situ_mul"),
+        _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"),
+        *([] if v.situ_fused else [_t(EXPERT_ACT, MAIN, "situ_mul")]),
         _t(EXPERT_DOWN, MAIN, "moe_grouped_gemm"), _t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"),
         _t(LATENT_NORM, MAIN, "rmsnorm"), _mm(UP, MAIN),
         Join(AUX1), _t(ADD3, MAIN, "add3"), AllReduce(),

@@ -26,6 +26,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "mla_combine_wide": ("mla_combine_wide", True),
     "attn_res_fused": ("attn_res_fused", True),           # seed 003
     "triton_linear": ("triton_linear", True),
+    "situ_fused": ("situ_fused", True),                   # seed 003 (fused tails)
 }
 
 DELAY_PREFIX = "delay"
@@ -43,6 +44,7 @@ class Variant:
     mla_combine_wide: bool = False   # split-KV combine over (head, 64-column) programs
     attn_res_fused: bool = False     # score + combine in one launch (grid barrier)
     triton_linear: bool = False      # dense GEMMs as the skinny Triton GEMM at B <= 16
+    situ_fused: bool = False         # routed SiTU applied in the down GEMM's operand load
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

@@ -416,6 +416,13 @@ def test_moe_chain():
     r_act = R.ref_situ_mul(R.ref_moe_grouped_gemm(latent, w1, rid))
     r_y = R.ref_moe_grouped_gemm(r_act, w2, rid, x_is_per_token=False)
     close(out, R.ref_moe_weighted_sum(r_y, rw), atol=3e-2, rtol=3e-2)  # three bf16 roundings
+    # Variant situ_fused: the down GEMM reads gate|up and applies SiTU itself; the operand
+    # is the bf16 value situ_mul stores, so the products are the same.
+    y_f = torch.empty_like(y)
+    moe.moe_grouped_gemm(gu, w2, *al, y_f, top_k=K, x_is_per_token=False, act_in=True)
+    close(y_f, y, atol=1e-2, rtol=1e-2)
+    if CUDA:  # same instructions on the same operands (the interpreter's tanh may differ)
+        exact(y_f, y)
 
 
 def test_delay_ns_is_accepted():
@@ -489,6 +496,7 @@ for B in (1, 8, 64):
     moe.moe_align(ids, 896, *al)
     moe.moe_grouped_gemm(e(B, 6016)[:, 896:4480], e(896, 768, 3584), *al, e(P, 768))
     moe.moe_grouped_gemm(e(P, 384), e(896, 3584, 384), *al, e(P, 3584), x_is_per_token=False)
+    moe.moe_grouped_gemm(e(P, 768), e(896, 3584, 384), *al, e(P, 3584), x_is_per_token=False, act_in=True)
     moe.situ_mul(e(P, 768), e(P, 384)); moe.situ_mul(e(B, 6016)[:, 4480:], e(B, 768))
     moe.moe_weighted_sum(e(P, 3584), w, e(B, 3584))
     gemv.gemv(e(B, H), e(140, H), e(B, 140)); gemv.gemv(e(B, H), e(896, H), e(B, 896))

@@ -124,6 +124,7 @@ def test_baseline_counts():
     ("router_multipass", +92 * (len(P.TRITON_KERNELS["moe_router/multipass"]) - 1)),
     ("router_fork", +92),               # the router GEMV; the front GEMM stays one call
     ("mla_combine_wide", 0),
+    ("situ_fused", -92),                # the routed SiTU launch
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -204,6 +205,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.CACHE_INSERT)  # fused into q_concat
         if seg.family == "moe" and v.router_fork:
             ops.remove(P.ROUTER_GEMV)  # the front's router columns, read on their own
+        if seg.family == "moe" and v.situ_fused:
+            ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
         out.append((seg.layer, seg.family, ops))
     # A folded residual add lives inside the pre-MLP score (segment 2 of each layer's 4).
     for i, (layer, fam, ops) in enumerate(out):
@@ -250,6 +253,9 @@ def test_router_fork_streams():
     assert order.index(("Join", P.AUX2)) < order.index(("Launch", P.EXPERT_GATE_UP))
     assert order.index(("Launch", P.FRONT)) < order.index(("Fork", P.AUX1))
     assert p.forks()[P.AUX2] - P.build_plan(FULL).forks()[P.AUX2] == 92
+    # B > 1: cuBLAS on the router columns (the GEMV would read the weights once per token).
+    b8 = P.build_plan(K3Config(batch=8), parse("router_fork"))
+    assert {l.kind for s, l in b8.launches() if l.subop == P.ROUTER_GEMV} == {P.CUBLAS}
 
 
 def test_tiny_config_keeps_the_structure():

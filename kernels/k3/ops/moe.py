@@ -238,9 +238,15 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, sorted_pairs: torch.Tens
 # Grouped GEMM over segments
 # --------------------------------------------------------------------------------------
 @triton.jit
+def _situ(g, u):
+    # SiTU of the gate and up halves (situ_mul and the fused down GEMM share it).
+    return (4.0 * tanh(g * 0.25) * tl.sigmoid(g)) * (25.0 * tanh(u * 0.04))
+
+
+@triton.jit
 def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs, out,
                             N, K, stride_x, stride_we, stride_wn, stride_out,
-                            TOP_K: tl.constexpr, X_PER_TOKEN: tl.constexpr,
+                            TOP_K: tl.constexpr, X_PER_TOKEN: tl.constexpr, ACT_IN: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
                             USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
@@ -269,11 +275,15 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
                 else:
                     wt = tl.load(w_rows + ks[None, :], mask=nm[:, None] & (ks[None, :] < K),
                                  other=0.0)
-                if EVEN_K:
-                    xt = tl.load(x_rows + ks[None, :], mask=mm[:, None], other=0.0)
+                xm = mm[:, None] if EVEN_K else mm[:, None] & (ks[None, :] < K)
+                if ACT_IN:
+                    # Variant situ_fused: x is the gate|up row, SiTU applied here and
+                    # rounded as situ_mul would have stored it (bit-identical h).
+                    gt = tl.load(x_rows + ks[None, :], mask=xm, other=0.0).to(tl.float32)
+                    ut = tl.load(x_rows + K + ks[None, :], mask=xm, other=0.0).to(tl.float32)
+                    xt = to_dtype(_situ(gt, ut), x.dtype.element_ty)
                 else:
-                    xt = tl.load(x_rows + ks[None, :], mask=mm[:, None] & (ks[None, :] < K),
-                                 other=0.0)
+                    xt = tl.load(x_rows + ks[None, :], mask=xm, other=0.0)
                 acc = dot(wt, tl.trans(xt), acc, DOT_F32)
             tl.store(out + pair.to(tl.int64)[None, :] * stride_out + ns[:, None],
                      to_dtype(acc, out.dtype.element_ty), mask=nm[:, None] & mm[None, :])
@@ -284,23 +294,25 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
 def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor,
                      seg_expert: torch.Tensor, seg_start: torch.Tensor, num_segs: torch.Tensor,
                      out: torch.Tensor, *, top_k: int = 16, x_is_per_token: bool = True,
-                     block_n: int = 64, block_k: int = 128, num_warps: int = 4,
+                     act_in: bool = False, block_n: int = 64, block_k: int = 128, num_warps: int = 4,
                      num_stages: int = 4, delay_ns: int = 0) -> torch.Tensor:
     """out[pair] = x[pair // top_k if x_is_per_token else pair] @ w[expert(pair)].T.
 
     w is the expert bank [E, N, K] (K contiguous). Grid (G, cdiv(N, block_n)) with
-    G = seg_expert.shape[0]; programs of segments past num_segs exit at once."""
+    G = seg_expert.shape[0]; programs of segments past num_segs exit at once.
+    act_in=True (variant situ_fused): x is the [P, 2K] gate|up output and the GEMM reads
+    situ_mul(x) (the same bf16 values) without the separate launch."""
     _, N, K = w.shape
     P = sorted_pairs.shape[0]
     G = seg_expert.shape[0]
-    assert w.stride(2) == 1 and x.stride(1) == 1 and x.shape[1] == K
+    assert w.stride(2) == 1 and x.stride(1) == 1 and x.shape[1] == (2 * K if act_in else K)
     assert out.shape == (P, N) and out.stride(1) == 1
     assert x.shape[0] * (top_k if x_is_per_token else 1) == P
     BLOCK_N = max(16, min(block_n, next_pow2(N)))
     BLOCK_K = max(16, min(block_k, next_pow2(K)))
     launch(moe_grouped_gemm_kernel, (G, cdiv(N, BLOCK_N)), x, w, sorted_pairs, seg_expert,
            seg_start, num_segs, out, N, K, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
-           TOP_K=top_k, X_PER_TOKEN=x_is_per_token, BLOCK_M=16, BLOCK_N=BLOCK_N,
+           TOP_K=top_k, X_PER_TOKEN=x_is_per_token, ACT_IN=act_in, BLOCK_M=16, BLOCK_N=BLOCK_N,
            BLOCK_K=BLOCK_K, EVEN_N=N % BLOCK_N == 0, EVEN_K=K % BLOCK_K == 0, DOT_F32=DOT_F32,
            num_warps=num_warps, num_stages=num_stages, delay_ns=delay_ns)
     return out
@@ -321,7 +333,7 @@ def situ_mul_kernel(gu, out, n, stride_gu, stride_out, BLOCK: tl.constexpr,
     pdl_wait(USE_PDL)
     g = tl.load(gu + row * stride_gu + cs, mask=cm, other=0.0).to(tl.float32)
     u = tl.load(gu + row * stride_gu + n + cs, mask=cm, other=0.0).to(tl.float32)
-    y = (4.0 * tanh(g * 0.25) * tl.sigmoid(g)) * (25.0 * tanh(u * 0.04))
+    y = _situ(g, u)
     tl.store(out + row * stride_out + cs, to_dtype(y, out.dtype.element_ty), mask=cm)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
