@@ -1,0 +1,130 @@
+"""The bs1 campaign's table (kernels/README.md): per change, k3trace's ITL delta and attribution
+beside the standalone saving, from recordings of the cumulative builds.
+
+    python3 bench/campaign_table.py DIR --changes router_fork mla_combine_wide ... \
+        [--ops ops_b1.json] [--json OUT] [--markdown OUT]
+
+DIR holds `k3_full_c<i>_<run>.sqlite` (or .nsys-rep) for build i = 0 (baseline) .. n, runs
+a, b, ... (repeats: `k3trace diff` takes its noise band from them); change i turns build
+i-1 into build i. For each change:
+- ITL delta and noise band: `k3trace diff --old c<i-1>_* --new c<i>_* --json`;
+- "the change's edits": the sum of the Shapley contributions of the structural edits
+  (replacement, dependency) -- what the change did to the kernels and their order;
+- "elsewhere": the duration and gap edits of kernels it did not replace (slack used, a
+  kernel slowed by the bandwidth a new neighbour takes), with the largest named;
+- standalone: bench/bench_k3_ops.py's old -> new per-layer time (its JSON) times the layers.
+The standalone figure and the change's own edits should agree within the noise; where they
+do not, the "elsewhere" column says what else moved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+#: change -> (layers at full depth, the bench_k3_ops case, its old and new key prefixes)
+STANDALONE = {
+    "router_fork": (92, "router_fork", "baseline: front GEMM", "router_fork:"),
+    "mla_combine_wide": (24, "mla_combine_wide", "combine", "mla_combine_wide"),
+    "attn_res_fused": (186, "attn_res_fused", "score + combine", "attn_res_fused"),
+}
+STRUCTURAL = ("replacement", "dependency", "structure")
+
+
+def runs(folder: Path, build: int) -> list[Path]:
+    found = sorted(p for p in folder.iterdir()
+                   if p.name.startswith(f"k3_full_c{build}_") and p.suffix in (".sqlite", ".nsys-rep"))
+    if not found:
+        sys.exit(f"campaign_table: no k3_full_c{build}_<run>.sqlite in {folder}; record them with "
+                 "kernels/scripts/h200_k3.sh campaign_rec")
+    return found
+
+
+def diff(old: list[Path], new: list[Path]) -> dict:
+    exe = Path(sys.executable).with_name("k3trace")  # the console script beside this Python
+    cmd = [str(exe) if exe.exists() else "k3trace", "diff", "--json"]
+    for p in old:
+        cmd += ["--old", str(p)]
+    for p in new:
+        cmd += ["--new", str(p)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode not in (0, 1):
+        sys.exit(f"campaign_table: k3trace diff failed: {out.stderr.strip()[-400:]}")
+    return json.loads(out.stdout)
+
+
+def standalone(ops: dict | None, change: str) -> tuple[float, float, float] | None:
+    """(old us, new us, saving ms at full depth) from bench_k3_ops.py's JSON."""
+    if not ops or change not in STANDALONE:
+        return None
+    layers, case, old_key, new_key = STANDALONE[change]
+    res = ops["cases"].get(case, {})
+    old = next((v for k, v in res.items() if k.startswith(old_key)), None)
+    new = next((v for k, v in res.items() if k.startswith(new_key)), None)
+    if old is None or new is None:
+        return None
+    return old, new, (new - old) * layers / 1e3
+
+
+def row(change: str, d: dict, ops: dict | None) -> dict:
+    own = [a for a in d["attribution"] if any(k in a["kind"] for k in STRUCTURAL)]
+    other = [a for a in d["attribution"] if a not in own]
+    other.sort(key=lambda a: -abs(a["contribution_us"]))
+    return {
+        "change": change,
+        "itl_delta_us": d["itl_delta_us"],
+        "noise_band_us": d["noise_band_us"],
+        "noise_source": d["noise_source"],
+        "verdict": d["verdict_itl"],
+        "replayed_us": sum(a["contribution_us"] for a in d["attribution"]),
+        "own_edits_us": sum(a["contribution_us"] for a in own),
+        "own_top": [(a["edit"], a["contribution_us"]) for a in own[:2]],
+        "elsewhere_us": sum(a["contribution_us"] for a in other),
+        "elsewhere_top": [(a["edit"], a["family"], a["contribution_us"]) for a in other[:3]],
+        "standalone": standalone(ops, change),
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| change | ITL delta (band) | standalone x layers | k3trace: the change's edits | elsewhere (largest) |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        band = f"{r['noise_band_us']:.0f}" if r["noise_band_us"] is not None else "?"
+        sa = r["standalone"]
+        sa_txt = f"{sa[0]:.1f} -> {sa[1]:.1f} us: {sa[2] * 1e3:+.0f} us" if sa else "n/a"
+        top = "; ".join(f"{e} {c:+.0f}" for e, _, c in r["elsewhere_top"][:2])
+        out.append(f"| {r['change']} | {r['itl_delta_us']:+.0f} us ({band}) | {sa_txt} | "
+                   f"{r['own_edits_us']:+.0f} us | {r['elsewhere_us']:+.0f} us ({top}) |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("folder", type=Path)
+    p.add_argument("--changes", nargs="+", required=True)
+    p.add_argument("--ops", type=Path)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--markdown", type=Path)
+    args = p.parse_args()
+    ops = json.loads(args.ops.read_text()) if args.ops else None
+    rows = []
+    for i, change in enumerate(args.changes, start=1):
+        d = diff(runs(args.folder, i - 1), runs(args.folder, i))
+        rows.append(row(change, d, ops))
+        print(f"{change}: ITL {d['itl_delta_us']:+.1f} us (band {d['noise_band_us']}), "
+              f"its edits {rows[-1]['own_edits_us']:+.1f}, elsewhere {rows[-1]['elsewhere_us']:+.1f}",
+              file=sys.stderr)
+    text = markdown(rows)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
