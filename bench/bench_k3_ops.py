@@ -110,6 +110,37 @@ def mla_combine(B: int, calls: int) -> dict[str, float]:
                                             calls)}
 
 
+def mla_fmha(B: int, calls: int) -> dict[str, float]:
+    """Split-KV decode + the wide combine over the 8193-token paged cache: 128-token splits
+    (baseline) against 64-token ones (fmha_short_splits)."""
+    from kernels.k3.config import K3Config
+    from kernels.k3.ops.mla import mla_decode_combine, mla_decode_fmha
+
+    res = {}
+    for name, tokens in (("fmha + wide combine, 128-token splits", 128), ("fmha_short_splits", 64)):
+        cfg = K3Config(batch=B, fmha_split_tokens=tokens)
+        S, NH, DL, ROW = cfg.fmha_splits, cfg.mla_heads, cfg.kv_lora, cfg.kv_a_width
+        g = torch.Generator(device="cuda").manual_seed(5)
+        pages = B * cfg.pages_per_request
+        copies = 4  # distinct caches per call: 9.4 MB each at B = 1
+        caches = [torch.randn(pages, cfg.page_size, ROW, device="cuda", dtype=BF, generator=g)
+                  for _ in range(copies)]
+        table = torch.randperm(pages, device="cuda", generator=g).to(I32).view(B, -1).contiguous()
+        seq = torch.full((B,), cfg.seq_len, device="cuda", dtype=I32)
+        q = torch.randn(B, NH, ROW, device="cuda", dtype=BF, generator=g)
+        partial = torch.empty(B, NH, S, DL, device="cuda", dtype=F32)
+        lse = torch.empty(B, NH, S, device="cuda", dtype=F32)
+        out = torch.empty(NH, B, DL, device="cuda", dtype=BF).transpose(0, 1)
+
+        def call(i):
+            mla_decode_fmha(q, caches[i % copies], table, seq, partial, lse, cfg.sm_scale,
+                            num_splits=S, page_size=cfg.page_size)
+            mla_decode_combine(partial, lse, seq, out, wide=True)
+
+        res[f"{name} ({S} splits)"] = per_call_us(call, calls)
+    return res
+
+
 def attn_res(B: int, calls: int, n_rows: int) -> dict[str, float]:
     from kernels.k3.ops import attn_res as A
 
@@ -222,7 +253,8 @@ def grouped_sweep(B: int, calls: int) -> dict[str, dict]:
 SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
                            "router_fork: [router GEMV -> router -> align] || rest of front"),
            "mla_combine_wide": (24, "combine", "mla_combine_wide"),
-           "attn_res_fused": (186, "score + combine", "attn_res_fused")}
+           "attn_res_fused": (186, "score + combine", "attn_res_fused"),
+           "fmha_short_splits": (24, "fmha + wide combine", "fmha_short_splits")}
 
 
 def main() -> int:
@@ -234,6 +266,7 @@ def main() -> int:
     args = p.parse_args()
     B = args.batch
     cases = {"router_fork": router_head(B, args.calls), "mla_combine_wide": mla_combine(B, 50),
+             "fmha_short_splits": mla_fmha(B, args.calls),
              "attn_res_fused": attn_res(B, 50, 8), "attn_res_fused, 2 rows": attn_res(B, 50, 2)}
     for name, res in cases.items():
         print(f"{name} (B={B})")

@@ -30,6 +30,7 @@ STANDALONE = {
     "router_fork": (92, "router_fork", "baseline: front GEMM", "router_fork:"),
     "mla_combine_wide": (24, "mla_combine_wide", "combine", "mla_combine_wide"),
     "attn_res_fused": (186, "attn_res_fused", "score + combine", "attn_res_fused"),
+    "fmha_short_splits": (24, "fmha_short_splits", "fmha + wide combine", "fmha_short_splits"),
 }
 STRUCTURAL = ("replacement", "dependency", "structure")
 

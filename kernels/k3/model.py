@@ -201,6 +201,10 @@ class K3Decode:
 
     def __init__(self, cfg: K3Config, variant: Variant = BASELINE,
                  device: str | torch.device = "cuda") -> None:
+        if variant.fmha_short_splits:
+            # Twice the split-KV programs at B = 1 (129, not 65: the SMs covered once); the
+            # wide combine reads the extra partials cheaply.
+            cfg = cfg.with_(fmha_split_tokens=max(1, cfg.fmha_split_tokens // 2))
         self.cfg, self.variant = cfg, variant
         self.device = torch.device(device)
         self.plan = P.build_plan(cfg, variant)

@@ -27,6 +27,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "attn_res_fused": ("attn_res_fused", True),           # seed 003
     "triton_linear": ("triton_linear", True),
     "situ_fused": ("situ_fused", True),                   # seed 003 (fused tails)
+    "fmha_short_splits": ("fmha_short_splits", True),
 }
 
 DELAY_PREFIX = "delay"
@@ -45,6 +46,7 @@ class Variant:
     attn_res_fused: bool = False     # score + combine in one launch (grid barrier)
     triton_linear: bool = False      # dense GEMMs as the skinny Triton GEMM at B <= 16
     situ_fused: bool = False         # routed SiTU applied in the down GEMM's operand load
+    fmha_short_splits: bool = False  # split-KV programs of >= 64 cache tokens, not 128
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

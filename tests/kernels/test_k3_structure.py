@@ -125,6 +125,7 @@ def test_baseline_counts():
     ("router_fork", +92),               # the router GEMV; the front GEMM stays one call
     ("mla_combine_wide", 0),
     ("situ_fused", -92),                # the routed SiTU launch
+    ("fmha_short_splits", 0),
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
