@@ -138,7 +138,10 @@ class StreamRole(str, Enum):
 #: The K3 workload's variant flags (kernels/k3/variants.py; k3trace does not import the
 #: workload, a test keeps the two lists equal), joined with `+`; the small workload's names.
 K3_VARIANT_FLAGS = ("mla_epilogue_split", "no_attn_forks", "router_multipass", "kda_norm_separate",
-                    "residual_separate", "kda_cute")
+                    "residual_separate", "kda_cute",
+                    # the bs1 campaign (kernels/README.md)
+                    "router_fork", "mla_combine_wide", "attn_res_fused", "triton_linear", "situ_fused",
+                    "fmha_short_splits")
 SMALL_VARIANTS = ("nofork",)
 _DELAY = re.compile(r"delay:[A-Za-z_][A-Za-z0-9_]*:\d+")
 #: nsys profile --capture-range-end values.
