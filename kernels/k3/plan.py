@@ -60,6 +60,9 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("rmsnorm_kernel",),
     "attn_res_score": ("attn_res_score_kernel",),
     "attn_res_combine": ("attn_res_combine_kernel",),
+    # score + combine in one launch (grid barrier); launches the pair above instead when
+    # its B*NC programs exceed the SM count (B = 64).
+    "attn_res_fused": ("attn_res_fused_kernel",),
     "residual_add": ("residual_add_kernel",),
     "add3": ("residual_add_kernel",),            # the same kernel with HAS_B
     "kda_conv_silu": ("kda_conv_silu_kernel",),

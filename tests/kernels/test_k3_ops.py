@@ -127,6 +127,61 @@ def test_attn_res_folded_vs_separate(n_rows):
     _folded_vs_separate(2, 700, n_rows, 3)
 
 
+INT32_MIN = -2 ** 31
+
+
+def _counter_after(n_fused: int) -> int:
+    """The barrier counter after n fused launches from zero: each adds exactly 2^31 (the
+    sign bit flips once per launch, the low 31 bits stay 0)."""
+    return 0 if n_fused % 2 == 0 else INT32_MIN
+
+
+def _fused_vs_pair(B, H, n_rows, seed, with_addend, counter, sm_count=None):
+    """attn_res_fused == attn_res_score + attn_res_combine, bit for bit (out, scores, the
+    bank with the folded add), and right vs the reference."""
+    bank, query, gamma, addend = _attn_res_inputs(B, H, seed)
+    addend = addend if with_addend else None
+    bank_p, bank_f = bank.clone(), bank.clone()
+    sc_p, sc_f = attn_res.alloc_attn_res_scores(bank), attn_res.alloc_attn_res_scores(bank)
+    out_p = torch.empty(B, H, device=DEV, dtype=BF)
+    out_f = torch.empty_like(out_p)
+    attn_res.attn_res_score(bank_p, n_rows, query, sc_p, addend=addend)
+    attn_res.attn_res_combine(bank_p, n_rows, sc_p, gamma, out_p)
+    attn_res.attn_res_fused(bank_f, n_rows, query, sc_f, gamma, out_f, addend=addend,
+                            counter=counter, sm_count=sm_count)
+    assert torch.equal(out_f, out_p)
+    assert torch.equal(sc_f, sc_p)
+    assert torch.equal(bank_f, bank_p)
+    ref_out, ref_bank = R.ref_attn_res(bank, n_rows, query, gamma, addend=addend)
+    exact(bank_f, ref_bank)
+    close(out_f, ref_out)
+
+
+@pytest.mark.parametrize("B", [1, 2])
+@pytest.mark.parametrize("with_addend", [False, True], ids=["plain", "addend"])
+def test_attn_res_fused_vs_pair(B, with_addend):
+    """Fused score + combine (interpreter: two phases of the same kernel) == the pair, bit
+    for bit, for several n_rows. H = 1000: two chunks, masked tail."""
+    counter = attn_res.alloc_attn_res_counter(DEV)
+    for n_rows in (1, 3, 8):
+        _fused_vs_pair(B, 1000, n_rows, 30 + n_rows, with_addend, counter)
+
+
+def test_attn_res_fused_fallback():
+    """B*NC programs over the SM count: the pair runs instead (same outputs, counter
+    untouched); the fused launch needs a counter."""
+    assert attn_res.attn_res_fused_fits(8, 7168, 132)        # 112 programs
+    assert not attn_res.attn_res_fused_fits(10, 7168, 132)   # 140
+    assert not attn_res.attn_res_fused_fits(64, 7168, 132)   # 896: B = 64 keeps the pair
+    counter = attn_res.alloc_attn_res_counter(DEV)
+    _fused_vs_pair(2, 1000, 5, 40, True, counter, sm_count=3)  # 4 programs > 3
+    assert counter.item() == 0
+    bank, query, gamma, _ = _attn_res_inputs(1, 64, 41)
+    with pytest.raises(ValueError):
+        attn_res.attn_res_fused(bank, 2, query, attn_res.alloc_attn_res_scores(bank), gamma,
+                                torch.empty(1, 64, device=DEV, dtype=BF))
+
+
 def test_residual_add_and_add3():
     """fp32 add, one rounding: exactly the reference on a GPU (bank-row view as the partial)."""
     g = gen(4)
@@ -463,6 +518,9 @@ for B in (1, 8, 64):
     bank = e(8, B, H); sc = e(*attn_res.attn_res_scores_shape(B, H), dt=F32)
     attn_res.attn_res_score(bank, 5, e(H), sc); attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H))
     attn_res.attn_res_combine(bank, 5, sc, e(H), e(B, H))
+    ctr = e(1, dt=I32)  # meta: 132 SMs assumed, so B = 64 records the pair (fallback)
+    attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), counter=ctr)
+    attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), addend=e(B, H), counter=ctr)
     attn_res.residual_add(bank[4], e(B, H)); attn_res.add3(bank[4], e(B, H), e(B, H))
     qkvg, si = e(B, 6144), e(B, dt=I32)
     kda.kda_conv_silu(qkvg, e(B, 3, 4608), e(4608, 4), si, e(B, 4608))
@@ -541,6 +599,8 @@ for kernel, args, meta in calls:
     regs = re.findall(r"Used (\d+) registers", r.stderr)
     pdl = "griddepcontrol.wait" in ptx and "globaltimer" in ptx
     print(kernel.__name__, "regs", regs, "spills", spills, "smem", k.metadata.shared, "pdl", pdl)
+    if kernel.__name__ == "attn_res_fused_kernel":  # the grid barrier's release / acquire
+        pdl = pdl and "atom.global.gpu.release" in ptx and ".gpu.acquire" in ptx
     if r.returncode or spills or not pdl:
         bad.append(kernel.__name__)
 print("compiled", len(seen), "variants; bad:", bad)
@@ -582,6 +642,111 @@ BATCHES = [1, 8, 64]
 def test_gpu_attn_res_k3(B):
     for n_rows in (1, 4, 8):
         _folded_vs_separate(B, 7168, n_rows, 20 + n_rows)
+
+
+@gpu_only
+@pytest.mark.parametrize("B", BATCHES)
+def test_gpu_attn_res_fused_k3(B):
+    """Fused vs pair at the K3 shapes, bit for bit; B = 1, 8 fuse (14, 112 programs on the
+    H200's 132 SMs), B = 64 (896) falls back to the pair."""
+    fits = _fuses(B)
+    assert fits == (B <= 8) or torch.cuda.get_device_properties(0).multi_processor_count != 132
+    counter = attn_res.alloc_attn_res_counter(DEV)
+    n = 0
+    for n_rows in (1, 2, 4, 8):
+        for with_addend in (False, True):
+            _fused_vs_pair(B, 7168, n_rows, 50 + n_rows, with_addend, counter)
+            n += fits
+    torch.cuda.synchronize()
+    assert counter.item() == _counter_after(n)
+
+
+def _fuses(B):
+    return attn_res.attn_res_fused_fits(B, 7168, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def _fused_sequence(B, N, seed):
+    """N launches' inputs: a fresh query each (a program that read the partials before the
+    barrier would mix in the previous launch's), n_rows cycling 1..8, the addend on every
+    other launch."""
+    g = gen(seed)
+    bank, _, gamma, _ = _attn_res_inputs(B, 7168, seed)
+    queries = randn(g, N, 7168)
+    addends = randn(g, N, B, 7168, scale=0.1)
+    steps = [((i % 8) + 1, addends[i] if i % 2 else None) for i in range(N)]
+    return bank, gamma, queries, steps
+
+
+@gpu_only
+@pytest.mark.parametrize("B", [1, 8])
+def test_gpu_attn_res_fused_repeat(B):
+    """1000 fused launches back to back (PDL-chained, one counter, one scores buffer) ==
+    the same 1000 through the pair; the counter ends where 1000 flips put it."""
+    N = 1000
+    bank, gamma, queries, steps = _fused_sequence(B, N, 60)
+    bank_f, bank_p = bank.clone(), bank.clone()
+    sc_f, sc_p = attn_res.alloc_attn_res_scores(bank), attn_res.alloc_attn_res_scores(bank)
+    outs_f = torch.empty(N, B, 7168, device=DEV, dtype=BF)
+    outs_p = torch.empty_like(outs_f)
+    counter = attn_res.alloc_attn_res_counter(DEV)
+    for i, (n_rows, addend) in enumerate(steps):
+        attn_res.attn_res_fused(bank_f, n_rows, queries[i], sc_f, gamma, outs_f[i], addend=addend,
+                                counter=counter)
+    for i, (n_rows, addend) in enumerate(steps):
+        attn_res.attn_res_score(bank_p, n_rows, queries[i], sc_p, addend=addend)
+        attn_res.attn_res_combine(bank_p, n_rows, sc_p, gamma, outs_p[i])
+    torch.cuda.synchronize()
+    bad = [i for i in range(N) if not torch.equal(outs_f[i], outs_p[i])]
+    assert not bad, f"{len(bad)} of {N} launches differ, first {bad[:10]}"
+    assert torch.equal(bank_f, bank_p)
+    assert counter.item() == _counter_after(N if _fuses(B) else 0)
+
+
+@gpu_only
+@pytest.mark.parametrize("B", [1, 8])
+def test_gpu_attn_res_fused_graph(B):
+    """A CUDA graph of 7 fused launches (n_rows 1..7, addend on every other) replayed 50
+    times with new queries each replay: every replay == the pair run eagerly on the same
+    inputs; the counter carries across replays (never reset) and ends at 7 * 51 flips."""
+    K, REPLAYS = 7, 50
+    bank, gamma, queries, steps = _fused_sequence(B, K * (REPLAYS + 1), 61)
+    steps = steps[:K]
+    bank_f, bank_p = bank.clone(), bank.clone()
+    sc_f, sc_p = attn_res.alloc_attn_res_scores(bank), attn_res.alloc_attn_res_scores(bank)
+    q_buf = queries[:K].clone()
+    outs_f = torch.empty(K, B, 7168, device=DEV, dtype=BF)
+    outs_p = torch.empty_like(outs_f)
+    counter = attn_res.alloc_attn_res_counter(DEV)
+
+    def fused_step():
+        for k, (n_rows, addend) in enumerate(steps):
+            attn_res.attn_res_fused(bank_f, n_rows, q_buf[k], sc_f, gamma, outs_f[k], addend=addend,
+                                    counter=counter)
+
+    def pair_step():
+        for k, (n_rows, addend) in enumerate(steps):
+            attn_res.attn_res_score(bank_p, n_rows, q_buf[k], sc_p, addend=addend)
+            attn_res.attn_res_combine(bank_p, n_rows, sc_p, gamma, outs_p[k])
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fused_step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    pair_step()
+    torch.cuda.synchronize()
+    assert torch.equal(outs_f, outs_p) and torch.equal(bank_f, bank_p)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_step()
+    for r in range(REPLAYS):
+        q_buf.copy_(queries[K * (r + 1):K * (r + 2)])
+        graph.replay()
+        pair_step()
+        torch.cuda.synchronize()
+        assert torch.equal(outs_f, outs_p), f"replay {r}"
+        assert torch.equal(bank_f, bank_p), f"replay {r}"
+    assert counter.item() == _counter_after(K * (REPLAYS + 1) if _fuses(B) else 0)
 
 
 @gpu_only

@@ -21,6 +21,35 @@ column s < R_MAX holds G[r, s], column R_MAX the query dot. Allocate it with
 Residual folding (variant `residual_separate` turns it off): with `addend`, the score
 kernel first does `bank[n_rows-1] += addend` (fp32 add, one bf16 rounding, written back)
 and scores the rounded partial; `residual_add` then score is bit-identical.
+
+Fused (`attn_res_fused`): one launch does both. Program (b, c) loads its x tile, computes
+and stores its partial exactly as `attn_res_score_kernel` does, meets the other B*NC
+programs of the launch at a grid-wide barrier, sums the NC partials in index order exactly
+as `attn_res_combine_kernel` does and combines its own chunk from the x tile it still holds
+in registers (no second read of the bank). With `addend` the row it combines is the
+rounded partial it stored, which is what the combine kernel reads back. Outputs (`out`,
+`scores`, the bank) are meant to be bit-identical to score -> combine: same per-program
+arithmetic in the same order (the tests check it with torch.equal; on a GPU that also
+relies on the compiler laying out the [R, W] reductions as it does in the pair).
+
+The barrier needs every program co-resident: the fused kernel is launched only when
+B*NC <= the SM count (132 on the H200; `attn_res_fused_fits`), else `attn_res_fused`
+launches the pair (B = 64: 896 programs, so B = 64 keeps the pair). Barrier counter: one
+int32 in global memory (`alloc_attn_res_counter`, zero-initialised), the
+cooperative-groups grid.sync scheme: program (0, 0) adds 2^31 - (nprog - 1), every other
+program adds 1 (release, gpu scope), so each launch adds exactly 2^31: the sign bit flips
+once, when the last program arrives, and the low 31 bits return to 0. A program spins
+(acquire, gpu scope) until the sign bit differs from the value it saw on arrival. The
+counter is never reset, cannot overflow and works for any grid size; it only alternates
+between 0 and INT32_MIN, one flip per launch. One counter per stream of serialised
+launches: two fused launches that may run at the same time must not share one. Every
+counter access comes after the PDL wait, so a PDL-early launch cannot touch it while the
+previous launch's programs still spin.
+
+The Triton interpreter (CPU tests) runs programs one at a time, so a spin barrier would
+hang there: under `INTERPRET` the launcher runs the same kernel twice, PHASE=1 (score part,
+store) then PHASE=2 (re-load the rows from the bank, combine). On a GPU PHASE=0 does both
+with the barrier. The three phases share the same jit helpers.
 """
 
 from __future__ import annotations
@@ -29,7 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.k3.ops.common import cdiv, launch, next_pow2, pdl_trigger, pdl_wait, spin, to_dtype
+from kernels.k3.ops.common import (INTERPRET, cdiv, launch, next_pow2, pdl_trigger, pdl_wait, spin,
+                                   to_dtype)
 
 EPS = 1e-6
 
@@ -127,6 +157,123 @@ def attn_res_combine_kernel(bank, scores, gamma, out, n_rows, H, NC,
     pdl_trigger(USE_PDL)
 
 
+# ---- fused score + combine (one launch, grid-wide barrier) -------------------------------
+@triton.jit
+def _fused_gram(x, q, n_rows, R: tl.constexpr, W: tl.constexpr):
+    # attn_res_score_kernel's partial, term for term: column R the query dots, column s < R
+    # the Gram column G[:, s].
+    rs = tl.arange(0, R)
+    ws = tl.arange(0, W)
+    acc = tl.zeros([R, W], dtype=tl.float32)
+    acc = tl.where(ws[None, :] == R, tl.sum(x * q[None, :], 1)[:, None], acc)
+    for s in range(n_rows):
+        xs = tl.sum(tl.where(rs[:, None] == s, x, 0.0), 0)  # row s (exact: one non-zero term)
+        acc = tl.where(ws[None, :] == s, tl.sum(x * xs[None, :], 1)[:, None], acc)
+    return acc
+
+
+@triton.jit
+def _fused_weights(scores, b, n_rows, H, eps, NC: tl.constexpr, R: tl.constexpr, W: tl.constexpr):
+    # attn_res_combine_kernel's softmax weights p and output rstd from the NC partials,
+    # summed in index order (unrolled: the NC loads issue back to back instead of one L2
+    # round trip per iteration; the adds keep their order). .cg: the partials were written
+    # by other programs of this launch after it started; read them from L2, never L1.
+    rs = tl.arange(0, R)
+    ws = tl.arange(0, W)
+    G = tl.zeros([R, W], dtype=tl.float32)
+    for i in tl.static_range(NC):
+        G += tl.load(scores + ((b * NC + i) * R + rs[:, None]) * W + ws[None, :], cache_modifier=".cg")
+    diag = rs[:, None] == ws[None, :]
+    sumsq = tl.sum(tl.where(diag, G, 0.0), 1)
+    dots = tl.sum(tl.where(ws[None, :] == R, G, 0.0), 1)
+    valid = rs < n_rows
+    logit = tl.where(valid, dots * tl.rsqrt(sumsq / H + 1e-6), -float("inf"))
+    p = tl.where(valid, tl.exp(logit - tl.max(logit, 0)), 0.0)
+    p = p / tl.sum(p, 0)
+    p_w = tl.sum(tl.where(diag, p[:, None], 0.0), 0)
+    sq = tl.sum(p * tl.sum(G * p_w[None, :], 1), 0)
+    rstd = tl.rsqrt(tl.maximum(sq, 0.0) / H + eps)
+    return p, rstd
+
+
+@triton.jit
+def _fused_mix(x, p, n_rows, R: tl.constexpr, BLOCK_H: tl.constexpr):
+    # sum_r p_r x_r with the rows taken from the tile (exact extraction), accumulated in row
+    # order as attn_res_combine_kernel accumulates the rows it loads.
+    rs = tl.arange(0, R)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for r in range(n_rows):
+        pr = tl.sum(tl.where(rs == r, p, 0.0), 0)
+        acc += pr * tl.sum(tl.where(rs[:, None] == r, x, 0.0), 0)
+    return acc
+
+
+@triton.jit
+def _grid_barrier(counter):
+    # Cooperative-groups style (see the module docstring): this launch adds exactly 2^31,
+    # so the sign bit flips once, at the last arrival. The CTA barrier before the release
+    # orders every thread's partial stores before the (single-thread) arrival; the one
+    # after the acquire orders every thread's later loads after it.
+    nprog = tl.num_programs(0) * tl.num_programs(1)
+    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+    lead = (2147483649 - nprog.to(tl.int64)).to(tl.int32)  # 2^31 - (nprog - 1), wrapped
+    inc = tl.where(first, lead, 1)
+    tl.debug_barrier()
+    old = tl.atomic_add(counter, inc, sem="release", scope="gpu")
+    while (tl.atomic_add(counter, 0, sem="acquire", scope="gpu") ^ old) >= 0:
+        pass
+    tl.debug_barrier()
+
+
+@triton.jit
+def attn_res_fused_kernel(bank, addend, query, scores, gamma, out, counter, n_rows, H,
+                          stride_br, stride_bb, stride_ab, stride_ob, eps,
+                          NC: tl.constexpr, R: tl.constexpr, W: tl.constexpr, BLOCK_H: tl.constexpr,
+                          HAS_ADDEND: tl.constexpr, PHASE: tl.constexpr,
+                          USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # PHASE 0 (GPU): score part, barrier, combine. Interpreter only: PHASE 1 = score part,
+    # PHASE 2 = re-load the (already updated) rows and combine.
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    hs = c * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = hs < H
+    rs = tl.arange(0, R)
+    ws = tl.arange(0, W)
+    base = bank + b.to(tl.int64) * stride_bb
+    if PHASE != 2:
+        q = tl.load(query + hs, mask=hm, other=0.0).to(tl.float32)  # weights: before the wait
+    if PHASE != 1:
+        g = tl.load(gamma + hs, mask=hm, other=0.0).to(tl.float32)
+    pdl_wait(USE_PDL)
+    if PHASE != 2:
+        last = n_rows - 1
+        n_old = n_rows - 1 if HAS_ADDEND else n_rows
+        x = tl.load(base + rs[:, None] * stride_br + hs[None, :],
+                    mask=(rs[:, None] < n_old) & hm[None, :], other=0.0).to(tl.float32)
+        if HAS_ADDEND:
+            pp = base + last * stride_br + hs
+            part = tl.load(pp, mask=hm, other=0.0).to(tl.float32) \
+                + tl.load(addend + b.to(tl.int64) * stride_ab + hs, mask=hm, other=0.0).to(tl.float32)
+            part = to_dtype(part, bank.dtype.element_ty)
+            tl.store(pp, part, mask=hm)
+            # The rounded value: what the combine kernel of the pair reads back.
+            x = tl.where(rs[:, None] == last, part.to(tl.float32)[None, :], x)
+        acc = _fused_gram(x, q, n_rows, R, W)
+        tl.store(scores + ((b * NC + c) * R + rs[:, None]) * W + ws[None, :], acc)
+    if PHASE == 0:
+        _grid_barrier(counter)
+    if PHASE == 2:
+        x = tl.load(base + rs[:, None] * stride_br + hs[None, :],
+                    mask=(rs[:, None] < n_rows) & hm[None, :], other=0.0).to(tl.float32)
+    if PHASE != 1:
+        p, rstd = _fused_weights(scores, b, n_rows, H, eps, NC, R, W)
+        mix = _fused_mix(x, p, n_rows, R, BLOCK_H)
+        tl.store(out + b.to(tl.int64) * stride_ob + hs,
+                 to_dtype(mix * rstd * g, out.dtype.element_ty), mask=hm)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
 @triton.jit
 def residual_add_kernel(partial, a, b_in, H, stride_p, stride_a, stride_b,
                         BLOCK: tl.constexpr, HAS_B: tl.constexpr,
@@ -181,6 +328,69 @@ def attn_res_combine(bank: torch.Tensor, n_rows: int, scores: torch.Tensor, gamm
     launch(attn_res_combine_kernel, (B, NC), bank, scores, gamma, out, n_rows, H, NC,
            bank.stride(0), bank.stride(1), out.stride(0), eps,
            R=R, W=W, BLOCK_H=_block_h(H), num_warps=4, delay_ns=delay_ns)
+    return out
+
+
+#: SMs of the H200: the co-residency bound used when the bank is not on a CUDA device
+#: (the offline sm_90 compile test passes meta tensors).
+H200_SMS = 132
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H200_SMS
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SMS:
+        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SMS[i]
+
+
+def attn_res_fused_fits(B: int, H: int, sm_count: int) -> bool:
+    """Whether `attn_res_fused` launches the fused kernel: its B*NC programs (one per token
+    and H-chunk) must all be co-resident for the barrier, so at most one per SM."""
+    return B * cdiv(H, _block_h(H)) <= sm_count
+
+
+def alloc_attn_res_counter(device) -> torch.Tensor:
+    """The fused kernel's barrier counter: one zeroed int32, reused by every launch (never
+    reset). One per stream of serialised launches (one per K3Decode)."""
+    return torch.zeros(1, device=device, dtype=torch.int32)
+
+
+def attn_res_fused(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores: torch.Tensor,
+                   gamma: torch.Tensor, out: torch.Tensor, *, addend: torch.Tensor | None = None,
+                   eps: float = EPS, counter: torch.Tensor | None = None,
+                   sm_count: int | None = None, delay_ns: int = 0) -> torch.Tensor:
+    """attn_res_score then attn_res_combine (with the folded `addend`) in one launch: same
+    outputs, bit for bit (`out`, `scores`, the bank row). When the B*NC programs do not
+    fit one per SM (`sm_count`, default: the device's, 132 off CUDA) it launches that pair
+    instead (`delay_ns` then goes to the combine kernel, the one the consumer reads).
+    `counter`: from `alloc_attn_res_counter`, needed for the fused launch."""
+    _check_bank(bank, n_rows)
+    R_MAX, B, H = bank.shape
+    if not attn_res_fused_fits(B, H, _sm_count(bank.device) if sm_count is None else sm_count):
+        attn_res_score(bank, n_rows, query, scores, addend=addend)
+        return attn_res_combine(bank, n_rows, scores, gamma, out, eps=eps, delay_ns=delay_ns)
+    assert scores.shape == attn_res_scores_shape(B, H, R_MAX) and scores.is_contiguous()
+    assert scores.dtype == torch.float32 and query.shape == (H,) and query.is_contiguous()
+    assert gamma.shape == (H,) and gamma.is_contiguous()
+    assert out.shape == (B, H) and out.stride(1) == 1
+    if counter is None:
+        raise ValueError("attn_res_fused needs counter= (alloc_attn_res_counter)")
+    assert counter.dtype == torch.int32 and counter.numel() == 1 and counter.device == bank.device
+    if addend is not None:
+        assert addend.shape == (B, H) and addend.stride(1) == 1
+    _, NC, R, W = scores.shape
+    args = (bank, addend if addend is not None else bank, query, scores, gamma, out, counter,
+            n_rows, H, bank.stride(0), bank.stride(1),
+            addend.stride(0) if addend is not None else 0, out.stride(0), eps)
+    meta = dict(NC=NC, R=R, W=W, BLOCK_H=_block_h(H), HAS_ADDEND=addend is not None, num_warps=4)
+    if INTERPRET:  # programs run one at a time there: a spin barrier would never release
+        launch(attn_res_fused_kernel, (B, NC), *args, PHASE=1, **meta)
+        launch(attn_res_fused_kernel, (B, NC), *args, PHASE=2, **meta, delay_ns=delay_ns)
+    else:
+        launch(attn_res_fused_kernel, (B, NC), *args, PHASE=0, **meta, delay_ns=delay_ns)
     return out
 
 
