@@ -35,7 +35,9 @@ from kernels.k3 import plan as P
 from kernels.k3.config import ATTN_RES, DENSE, KDA, MLA, MOE, K3Config
 from kernels.k3.ops.attn_res import (
     add3,
+    alloc_attn_res_counter,
     alloc_attn_res_scores,
+    attn_res_fused,
     attn_res_combine,
     attn_res_score,
     residual_add,
@@ -217,6 +219,7 @@ class K3Decode:
         self.layers = {l: self._build_layer(l) for l in cfg.layers}
         self.s = Scratch(cfg, self.device)
         self.attn_res_scores = alloc_attn_res_scores(self.bank)
+        self.attn_res_counter = alloc_attn_res_counter(self.device)  # attn_res_fused's barrier
         # Plan cursor (see _expect).
         self._seg_i = 0
         self._seg: P.Segment | None = None
@@ -469,6 +472,11 @@ class K3Decode:
                 addend = s.attn_out
             elif pending:
                 self._triton(P.RESIDUAL_ADD, residual_add, self._partial(l), s.attn_out)
+            if P.attn_res_fuses(cfg, self.variant):
+                self._triton(P.SCORE_COMBINE, attn_res_fused, self.bank, n, w.query,
+                             self.attn_res_scores, w.gamma, s.x, addend=addend, eps=cfg.norm_eps,
+                             counter=self.attn_res_counter, sm_count=cfg.sm_count)
+                return
             self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
                          addend=addend)
             self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.attn_res_scores,

@@ -37,6 +37,7 @@ TRITON, CUBLAS, CUTE = "triton", "cublas", "cute"
 RESIDUAL_ADD = "residual_add"
 SCORE = "score"
 COMBINE = "combine"
+SCORE_COMBINE = "score_combine"  # variant attn_res_fused: both in one launch
 # KDA
 QKVG, FAB, F_B, CONV, KDA_STEP, KDA_NORM, O_PROJ = (
     "qkvg", "fab", "f_b", "conv", "kda_step", "kda_norm", "o_proj")
@@ -217,9 +218,20 @@ def attn_res_items(cfg: K3Config, v: Variant, layer: int, site: str) -> list[Ite
     # wrote the partial directly).
     if site == "mlp" and not cfg.opens_block(layer) and not v.residual_folded:
         items.append(_t(RESIDUAL_ADD, MAIN, "residual_add"))
-    items.append(_t(SCORE, MAIN, "attn_res_score"))
-    items.append(_t(COMBINE, MAIN, "attn_res_combine"))
+    if attn_res_fuses(cfg, v):
+        items.append(_t(SCORE_COMBINE, MAIN, "attn_res_fused"))
+    else:
+        items.append(_t(SCORE, MAIN, "attn_res_score"))
+        items.append(_t(COMBINE, MAIN, "attn_res_combine"))
     return items
+
+
+def attn_res_fuses(cfg: K3Config, v: Variant) -> bool:
+    """Variant attn_res_fused launches one kernel when its (token, 512-column chunk)
+    programs fit one per SM (its grid barrier needs them all resident); else the pair.
+    The same rule as kernels.k3.ops.attn_res.attn_res_fused_fits (a test keeps them equal)."""
+    chunk = min(512, 1 << max(cfg.hidden - 1, 0).bit_length())
+    return v.attn_res_fused and cfg.batch * -(-cfg.hidden // chunk) <= cfg.sm_count
 
 
 def kda_items(cfg: K3Config, v: Variant) -> list[Item]:

@@ -40,19 +40,21 @@ pack() {  # archive name: every .qdstrm + json + log under /tmp/rec, xz-compress
 # The campaign's cumulative builds, in the order the changes were made.
 C1=router_fork
 C2=$C1+mla_combine_wide
-C3=$C2+attn_res_fused
-C4=$C3+triton_linear
+C3=$C2+fmha_short_splits
+C4=$C3+situ_fused
+C5=$C4+attn_res_fused
+C6=$C5+triton_linear
 
 case $phase in
 campaign_test)
   set -o pipefail
   timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_k3_ops.py \
-    -k "skinny or gemv or mla_decode or attn_res" 2>&1 | tee $OUT/gpu_ops.log | tail -5
+    -k "skinny or gemv or mla_decode or attn_res or moe_chain" 2>&1 | tee $OUT/gpu_ops.log | tail -5
   timeout 240 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
     -k "kernel_nodes or matches_reference or variant_pairs" 2>&1 | tee $OUT/gpu_model.log | tail -5
   timeout 200 python3 bench/bench_k3_ops.py --batch 1 ${SWEEP:---sweep} --json $OUT/ops_b1.json 2>&1 | tee $OUT/ops_b1.log
   timeout 100 python3 bench/bench_k3_ops.py --batch 8 --json $OUT/ops_b8.json 2>&1 | tee $OUT/ops_b8.log
-  timeout 300 python3 bench/bench_k3_step.py --batches 1 --variants baseline ${VARIANTS:-$C1 $C2 $C3 $C4} \
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --variants baseline ${VARIANTS:-$C1 $C2 $C3 $C4 $C5 $C6} \
     --json $OUT/step_b1.json 2>&1 | tee $OUT/step_b1.log ;;
 campaign_probe)  # 8-layer bs1 recordings of the builds named in $PROBE (name=variant ...)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
@@ -60,13 +62,13 @@ campaign_probe)  # 8-layer bs1 recordings of the builds named in $PROBE (name=va
   for nv in $PROBE; do rec k3_probe_${nv%%=*} --layers 8 --steps 40 --variant ${nv#*=}; done
   pack k3_probe ;;
 campaign_big)
-  timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
+  timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C5 $C6} \
     --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;
 campaign_rec)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
   i=0
-  for v in baseline $C1 $C2 $C3 $C4; do
+  for v in baseline $C1 $C2 $C3 $C4 $C5 $C6; do
     for r in a b; do rec k3_full_c${i}_$r --steps 60 --variant $v; done
     rec k3_bs1_c$i --layers 8 --steps 40 --variant $v
     i=$((i + 1))

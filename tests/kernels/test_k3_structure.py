@@ -126,6 +126,7 @@ def test_baseline_counts():
     ("mla_combine_wide", 0),
     ("situ_fused", -92),                # the routed SiTU launch
     ("fmha_short_splits", 0),
+    ("attn_res_fused", -186),           # one launch per aggregation, not two
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -206,6 +207,9 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.CACHE_INSERT)  # fused into q_concat
         if seg.family == "moe" and v.router_fork:
             ops.remove(P.ROUTER_GEMV)  # the front's router columns, read on their own
+        if P.SCORE_COMBINE in ops:  # attn_res_fused: both sub-ops in one launch
+            ops.remove(P.SCORE_COMBINE)
+            ops += [P.SCORE, P.COMBINE]
         if seg.family == "moe" and v.situ_fused:
             ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
         out.append((seg.layer, seg.family, ops))
@@ -240,6 +244,18 @@ def test_triton_linear_takes_the_dense_gemms():
     # Beyond one MMA tile of tokens the variant keeps cuBLAS.
     big = K3Config(batch=P.SKINNY_MAX_B + 1)
     assert P.build_plan(big, parse("triton_linear")).cublas_calls == P.build_plan(big).cublas_calls
+
+
+def test_attn_res_fused_fits_like_the_op():
+    """The plan's rule for the fused launch is the op's (its programs fit one per SM)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kernels.k3.ops.attn_res import attn_res_fused_fits
+
+    for B in (1, 8, 9, 10, 64):
+        cfg = K3Config(batch=B)
+        assert P.attn_res_fuses(cfg, parse("attn_res_fused")) == attn_res_fused_fits(B, cfg.hidden, cfg.sm_count)
+    assert not P.attn_res_fuses(K3Config(batch=1), parse("baseline"))
 
 
 def test_router_fork_streams():
