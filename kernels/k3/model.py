@@ -312,7 +312,7 @@ class K3Decode:
             router_bias=self._randn(c.experts, std=0.05, dtype=F32),
             w13=w13, w2=w2, latent_norm=self._norm_w(c.latent), up=self._w(c.latent, c.latent, H),
             shared_down=self._w(c.shared_inter, c.shared_inter, H))
-        if self.variant.router_fork and c.batch == 1:  # the GEMV path (plan.moe_items)
+        if P.router_forks(c, self.variant):
             layer.router_t = layer.front[:, slice(*c.front_slices["router"])].t().contiguous()
         return layer
 
@@ -560,7 +560,7 @@ class K3Decode:
         weights = s.topk_w[l]
         seg = (s.sorted_pairs, s.seg_expert, s.seg_start, s.num_segs)
         with self._segment(l, MOE):
-            if v.router_fork:
+            if P.router_forks(cfg, v):
                 # The router and the rest of the front are separate reads of the same
                 # weights; the rest starts right after the router columns.
                 r1 = sl["router"][1]
@@ -568,10 +568,7 @@ class K3Decode:
                 shared_gu = s.front_rest[:, sl["shared"][0] - r1:sl["shared"][1] - r1]
                 router = self._fork(P.AUX2)
                 with self._on(router):
-                    if cfg.batch == 1:
-                        self._triton(P.ROUTER_GEMV, gemv, s.x, w.router_t, s.router_logits)
-                    else:
-                        self._mm(P.ROUTER_GEMV, s.x, w.front[:, :r1], s.router_logits)
+                    self._triton(P.ROUTER_GEMV, gemv, s.x, w.router_t, s.router_logits)
                     self._route(l, w, s.router_logits)
                 self._mm(P.FRONT, s.x, w.front[:, r1:], s.front_rest)
             else:
@@ -582,7 +579,7 @@ class K3Decode:
             with self._on(shared):
                 self._triton(P.SHARED_ACT, situ_mul, shared_gu, s.shared_h)
                 self._mm(P.SHARED_DOWN, s.shared_h, w.shared_down, s.shared_out)
-            if v.router_fork:
+            if P.router_forks(cfg, v):
                 self._join(router)
             else:
                 self._route(l, w, s.front[:, slice(*sl["router"])])

@@ -210,7 +210,7 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
 @cpu
 @pytest.mark.parametrize("name, batch", [(n, 2) for n in (*NEAR, CAMPAIGN)] + [(CAMPAIGN, 1)])
 def test_campaign_variants_near_baseline(name, batch):
-    # B = 1 takes the router GEMV path of router_fork; B = 2 cuBLAS on the router columns.
+    # router_fork forks at B = 1 only; B = 2 keeps the baseline head.
     cfg = TINY_BLOCKS.with_(batch=batch)
     base_model = K3Decode(cfg, parse("baseline"), "cpu")
     base = run_steps(base_model, 1)

@@ -270,9 +270,9 @@ def test_router_fork_streams():
     assert order.index(("Join", P.AUX2)) < order.index(("Launch", P.EXPERT_GATE_UP))
     assert order.index(("Launch", P.FRONT)) < order.index(("Fork", P.AUX1))
     assert p.forks()[P.AUX2] - P.build_plan(FULL).forks()[P.AUX2] == 92
-    # B > 1: cuBLAS on the router columns (the GEMV would read the weights once per token).
-    b8 = P.build_plan(K3Config(batch=8), parse("router_fork"))
-    assert {l.kind for s, l in b8.launches() if l.subop == P.ROUTER_GEMV} == {P.CUBLAS}
+    # B > 1 keeps the baseline head (measured slower forked at B = 8).
+    b8 = K3Config(batch=8)
+    assert P.build_plan(b8, parse("router_fork")).segments == P.build_plan(b8).segments
 
 
 def test_tiny_config_keeps_the_structure():
