@@ -32,15 +32,24 @@ STANDALONE = {
     "attn_res_fused": (186, "attn_res_fused", "score + combine", "attn_res_fused"),
     "fmha_short_splits": (24, "fmha_short_splits", "fmha + wide combine", "fmha_short_splits"),
 }
+#: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
+#: once router_fork has split off the router columns).
+LINEAR_SHAPES = ("moe front (rest, router_fork)", "kda qkvg", "moe up")
 STRUCTURAL = ("replacement", "dependency", "structure")
 
 
-def runs(folder: Path, build: int) -> list[Path]:
-    found = sorted(p for p in folder.iterdir()
-                   if p.name.startswith(f"k3_full_c{build}_") and p.suffix in (".sqlite", ".nsys-rep"))
+def runs(folder: Path, build: int | str) -> list[Path]:
+    """The runs of build i (`k3_full_c<i>_*`), or of a named one (`k3_full_<name>_*`)."""
+    prefix = f"k3_full_c{build}_" if isinstance(build, int) else f"k3_full_{build}_"
+    by_run: dict[str, Path] = {}
+    for p in sorted(folder.iterdir()):  # one file per run: the export where both are there
+        if p.name.startswith(prefix) and p.suffix in (".sqlite", ".nsys-rep"):
+            if p.suffix == ".sqlite" or p.stem not in by_run:
+                by_run[p.stem] = p
+    found = list(by_run.values())
     if not found:
-        sys.exit(f"campaign_table: no k3_full_c{build}_<run>.sqlite in {folder}; record them with "
-                 "kernels/scripts/h200_k3.sh campaign_rec")
+        sys.exit(f"campaign_table: no {prefix}<run>.sqlite in {folder}; record them with "
+                 "kernels/scripts/h200_k3.sh campaign_rec (campaign_neg for named builds)")
     return found
 
 
@@ -59,6 +68,12 @@ def diff(old: list[Path], new: list[Path]) -> dict:
 
 def standalone(ops: dict | None, change: str) -> tuple[float, float, float] | None:
     """(old us, new us, saving ms at full depth) from bench_k3_ops.py's JSON."""
+    if ops and change == "triton_linear" and ops.get("sweeps", {}).get("linear"):
+        lin = ops["sweeps"]["linear"]
+        old = sum(lin[k]["cublas_us"] for k in LINEAR_SHAPES)
+        new = sum(lin[k]["skinny_us"] for k in LINEAR_SHAPES)
+        return old, new, sum((lin[k]["skinny_us"] - lin[k]["cublas_us"]) * lin[k]["layers"]
+                             for k in LINEAR_SHAPES) / 1e3
     if not ops or change not in STANDALONE:
         return None
     layers, case, old_key, new_key = STANDALONE[change]
@@ -106,11 +121,17 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("folder", type=Path)
     p.add_argument("--changes", nargs="+", required=True)
-    p.add_argument("--ops", type=Path)
+    p.add_argument("--ops", type=Path, nargs="+", help="bench_k3_ops.py JSON files (merged; --sweep ones too)")
+    p.add_argument("--single", nargs="*", default=[], metavar="CHANGE=NAME:BUILD",
+                   help="a change recorded alone on build BUILD as k3_full_<NAME>_<run> (not in the chain)")
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
     args = p.parse_args()
-    ops = json.loads(args.ops.read_text()) if args.ops else None
+    ops = None
+    for path in args.ops or ():
+        part = json.loads(path.read_text())
+        ops = part if ops is None else {**ops, "cases": {**ops["cases"], **part["cases"]},
+                                        "sweeps": {**ops.get("sweeps", {}), **part.get("sweeps", {})}}
     rows = []
     for i, change in enumerate(args.changes, start=1):
         d = diff(runs(args.folder, i - 1), runs(args.folder, i))
@@ -118,6 +139,14 @@ def main() -> int:
         print(f"{change}: ITL {d['itl_delta_us']:+.1f} us (band {d['noise_band_us']}), "
               f"its edits {rows[-1]['own_edits_us']:+.1f}, elsewhere {rows[-1]['elsewhere_us']:+.1f}",
               file=sys.stderr)
+    for spec in args.single:
+        change, _, rest = spec.partition("=")
+        name, _, base = rest.partition(":")
+        if not (change and name and base.isdigit()):
+            sys.exit(f"campaign_table: bad --single {spec!r}; expected CHANGE=NAME:BUILD")
+        d = diff(runs(args.folder, int(base)), runs(args.folder, name))
+        rows.append({**row(change, d, ops), "on_build": int(base)})
+        print(f"{change} (alone on build {base}): ITL {d['itl_delta_us']:+.1f} us", file=sys.stderr)
     text = markdown(rows)
     print(text)
     if args.json:
