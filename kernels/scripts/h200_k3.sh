@@ -61,6 +61,12 @@ campaign_probe)  # 8-layer bs1 recordings of the builds named in $PROBE (name=va
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
   for nv in $PROBE; do rec k3_probe_${nv%%=*} --layers 8 --steps 40 --variant ${nv#*=}; done
   pack k3_probe ;;
+campaign_final)  # after the last code change: the model's GPU tests, the B = 1 chain unprofiled
+  set -o pipefail
+  timeout 240 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py tests/kernels/test_gemv.py \
+    2>&1 | tee $OUT/gpu_model.log | tail -5
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --variants baseline $C1 $C2 $C3 $C4 \
+    --json $OUT/step_b1.json 2>&1 | grep -v "attention weights" ;;
 campaign_big)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
     --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;
