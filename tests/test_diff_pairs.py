@@ -202,6 +202,50 @@ def test_residual_split_out_of_the_score_kernel(analysis, ref):
     check_changed(d, changed, truth, drift_us=drift_us(ref(old), ref(new), names))
 
 
+# -- the bs1 campaign (kernels/README.md): cumulative builds c0 (baseline) .. c3 -------------
+
+def test_campaign_router_fork_is_a_dependency_edit_and_its_cost_elsewhere(analysis, ref):
+    # router_fork: the router GEMV, top-k and align on S2 beside the rest of the front GEMM.
+    # The saving of the move is larger than the step's: the front GEMM and the align run
+    # slower beside each other (bandwidth), and the next KDA layer's qkvg with them.
+    old, new = "k3_bs1_c0", "k3_bs1_c1"
+    d = diff([analysis(old)], [analysis(new)])
+    check_replay(d)
+    moved = rows(d, kind="dependency", family="moe")
+    assert moved.height == 1 and "moe_align_kernel" in moved["edit"][0]
+    assert d.verdict_span == FASTER and total(moved) < 2 * d.span_delta_us < 0
+    band = d.span_noise_band_us
+    for family in ("moe", "kda"):  # each family's edits hold the change of its segment windows
+        truth = family_window_us(ref(new), family) - family_window_us(ref(old), family)
+        got = total(rows(d, family=family))
+        assert abs(got - truth) <= max(0.10 * abs(truth), band), (family, got, truth)
+    assert total(rows(d, family="kda")) > band  # slower beside the new S2 leg: named, not lost
+
+
+def test_campaign_wide_combine_is_a_swap(analysis, ref):
+    old, new = "k3_bs1_c1", "k3_bs1_c2"
+    d = diff([analysis(old)], [analysis(new)])
+    swap = rows(d, kind="replacement", family="mla")
+    assert swap["edit"].to_list() == ["mla_decode_combine_kernel -> mla_decode_combine_wide_kernel"]
+    names = {"mla_decode_combine_kernel", "mla_decode_combine_wide_kernel"}
+    truth = kernel_time_us(ref(new), names) - kernel_time_us(ref(old), names)
+    check_changed(d, swap, truth, drift_us=drift_us(ref(old), ref(new), names))
+
+
+def test_campaign_triton_gemms_replace_cublas(analysis, ref):
+    # triton_linear: the MoE front (its rest) and up GEMMs and the KDA qkvg as skinny_mm_kernel;
+    # cuBLAS's split-K pairs become one kernel. Truth: the GEMM kernels' own time per step.
+    old, new = "k3_bs1_c2", "k3_bs1_c3"
+    d = diff([analysis(old)], [analysis(new)])
+    swaps = rows(d, kind="replacement")
+    assert set(swaps["family"]) == {"moe", "kda"} and swaps.height == 3
+    assert all(e.endswith("skinny_mm_kernel") for e in swaps["edit"])
+    gemm = {k.name for r in (ref(old), ref(new)) for k in r.stable[0].kernels
+            if k.name.startswith(("nvjet", "splitKreduce", "skinny_mm"))}
+    truth = kernel_time_us(ref(new), gemm) - kernel_time_us(ref(old), gemm)
+    check_changed(d, swaps, truth, drift_us=drift_us(ref(old), ref(new), gemm))
+
+
 def test_epilogue_split_is_a_relaunch_of_the_q_concat_kernel(analysis):
     # Seed 000: the q-concat/cache epilogue split across warps; a small change next to the noise.
     old, new = analysis("k3_bs1_base_a"), analysis("k3_bs1_mla_split")
