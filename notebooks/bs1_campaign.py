@@ -1,0 +1,104 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The bs1 campaign, read through k3trace
+#
+# Seed 003's way of working on our K3 decode path (kernels/README.md, "The bs1 campaign"):
+# one change at a time, each a variant, each build recorded on the H200 and diffed against
+# the one before. Here: the bundled 8-layer recordings of the cumulative builds c0
+# (baseline) .. c3 (`router_fork`, `+mla_combine_wide`, `+triton_linear`), diffed live; then
+# the full-depth table (93 layers, two runs per build) from `kernels/campaign_full_depth.json`,
+# with each change's standalone micro-benchmark beside k3trace's attribution.
+
+# %% tags=["parameters"]
+CHANGES = ["router_fork", "mla_combine_wide", "triton_linear"]  # c1, c2, c3 on top of c0
+
+# %%
+import json
+from pathlib import Path
+
+import plotly.graph_objects as go
+import plotly.io as pio
+import polars as pl
+
+import k3trace
+from k3trace.analyses import analyze
+from k3trace.config import load_config
+from k3trace.demo import bundled_trace
+from k3trace.diff import diff
+from k3trace.ingest import load_report
+
+pio.renderers.default = "plotly_mimetype+notebook_connected"
+cfg = load_config()
+builds = [analyze(load_report(bundled_trace(f"k3_bs1_c{i}")), cfg) for i in range(len(CHANGES) + 1)]
+pl.DataFrame({"build": [f"c{i}" for i in range(len(builds))],
+              "variant": ["baseline", *("+".join(CHANGES[:i + 1]) for i in range(len(CHANGES)))],
+              "period_us": [b.step_stats["period"]["median"] for b in builds]})
+
+# %% [markdown]
+# ## Each change, 8 layers
+# The diff of build i-1 against build i: the ITL delta, its noise band (resampling: one run
+# per build here), and the edits that carry it. A change's own edits are replacements and
+# dependency changes; duration edits of other kernels are what the change did to them.
+
+# %%
+diffs = [diff([builds[i]], [builds[i + 1]]) for i in range(len(CHANGES))]
+pl.DataFrame({"change": CHANGES,
+              "itl_delta_us": [d.itl_delta_us for d in diffs],
+              "noise_band_us": [d.noise_band_us for d in diffs],
+              "verdict": [d.verdict_itl for d in diffs]})
+
+# %%
+for change, d in zip(CHANGES, diffs):
+    print(change)
+    print(d.attribution.select("edit", "kind", "family", "contribution_us").head(4))
+
+# %% [markdown]
+# ## Full depth: the campaign's table
+# From the H200 recordings (93 layers; the noise band from two runs per build). The
+# standalone column is bench/bench_k3_ops.py's per-layer saving times the layers.
+
+# %%
+full = json.loads((Path(k3trace.__file__).resolve().parents[1] / "kernels" / "campaign_full_depth.json").read_text())
+table = pl.DataFrame([{
+    "change": r["change"],
+    "itl_delta_us": r["itl_delta_us"],
+    "noise_band_us": r["noise_band_us"],
+    "standalone_us": r["standalone"][2] * 1e3 if r["standalone"] else None,
+    "own_edits_us": r["own_edits_us"],
+    "elsewhere_us": r["elsewhere_us"],
+    "largest_elsewhere": f"{r['elsewhere_top'][0][0]} ({r['elsewhere_top'][0][1]}) {r['elsewhere_top'][0][2]:+.0f}",
+} for r in full["diff_rows"]])
+table
+
+# %%
+fig = go.Figure()
+for col, name in (("itl_delta_us", "ITL delta (k3trace diff)"), ("standalone_us", "standalone x layers"),
+                  ("own_edits_us", "the change's edits"), ("elsewhere_us", "elsewhere")):
+    fig.add_bar(x=table["change"].to_list(), y=table[col].to_list(), name=name)
+fig.update_layout(barmode="group", yaxis_title="us per step (full depth)",
+                  title="bs1 campaign: what each change did to the step, and where k3trace puts it")
+fig
+
+# %% [markdown]
+# ## Against the floor
+# Step time unprofiled (bench/bench_k3_step.py, builds interleaved in one process) and the
+# HBM floor measured in the same run.
+
+# %%
+u = full["unprofiled_b1"]["interleaved"]
+{"baseline_ms": min(u["baseline"]), "c3_ms": u["c3"], "floor_ms": u["floor_ms"],
+ "ratio_baseline": min(u["baseline"]) / u["floor_ms"], "ratio_c3": u["c3"] / u["floor_ms"]}
