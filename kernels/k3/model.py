@@ -603,11 +603,14 @@ class K3Decode:
     def _route(self, l: int, w: MoELayer, logits: torch.Tensor) -> None:
         """Top-k of the router logits, then the pairs grouped by expert."""
         cfg, s = self.cfg, self.s
+        seg = (s.sorted_pairs, s.seg_expert, s.seg_start, s.num_segs)
+        fused = P.router_aligns(cfg, self.variant)
         self._triton(P.ROUTER, moe_router, logits, w.router_bias, s.topk_ids[l], s.topk_w[l],
                      scale=cfg.routed_scale, multipass=self.variant.router_multipass,
-                     scratch=s.router_scratch, group_size=cfg.router_group)
-        self._triton(P.ALIGN, moe_align, s.topk_ids[l], cfg.experts, s.sorted_pairs,
-                     s.seg_expert, s.seg_start, s.num_segs)
+                     scratch=s.router_scratch, group_size=cfg.router_group,
+                     align=seg if fused else None)
+        if not fused:
+            self._triton(P.ALIGN, moe_align, s.topk_ids[l], cfg.experts, *seg)
 
     def _dense(self, l: int, w: DenseLayer) -> None:
         s = self.s

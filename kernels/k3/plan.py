@@ -287,20 +287,27 @@ def router_forks(cfg: K3Config, v: Variant) -> bool:
     return v.router_fork and cfg.batch == 1
 
 
+def router_aligns(cfg: K3Config, v: Variant) -> bool:
+    """router_align_fused: one token's top-k are distinct experts, so the single-pass router
+    writes the align's segments itself (B = 1 only; the multi-pass router keeps the align)."""
+    return v.router_align_fused and cfg.batch == 1 and not v.router_multipass
+
+
 def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     # The shared-expert fork stays on in every variant (no_attn_forks is attention only).
     key = "moe_router/multipass" if v.router_multipass else None
+    fused = router_aligns(cfg, v)
     if router_forks(cfg, v):
         # Seed 003: the router logits get their own streaming GEMV on S2, so the top-k and
         # the align run there while main streams the rest of the front GEMM.
         head = [Fork(AUX2), _t(ROUTER_GEMV, AUX2, "gemv"), _t(ROUTER, AUX2, "moe_router", key),
-                _t(ALIGN, AUX2, "moe_align"),
+                *([] if fused else [_t(ALIGN, AUX2, "moe_align")]),
                 _mm(FRONT, MAIN), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
                 _mm(SHARED_DOWN, AUX1), Join(AUX2)]
     else:
         head = [_mm(FRONT, MAIN), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
                 _mm(SHARED_DOWN, AUX1), _t(ROUTER, MAIN, "moe_router", key),
-                _t(ALIGN, MAIN, "moe_align")]
+                *([] if fused else [_t(ALIGN, MAIN, "moe_align")])]
     return [
         *head,
         _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"),

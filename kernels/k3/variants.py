@@ -28,6 +28,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "triton_linear": ("triton_linear", True),
     "situ_fused": ("situ_fused", True),                   # seed 003 (fused tails)
     "fmha_short_splits": ("fmha_short_splits", True),
+    "router_align_fused": ("router_align_fused", True),   # seed 003
 }
 
 DELAY_PREFIX = "delay"
@@ -47,6 +48,7 @@ class Variant:
     triton_linear: bool = False      # dense GEMMs as the skinny Triton GEMM at B <= 16
     situ_fused: bool = False         # routed SiTU applied in the down GEMM's operand load
     fmha_short_splits: bool = False  # split-KV programs of >= 64 cache tokens, not 128
+    router_align_fused: bool = False  # B = 1: the router writes the align's segments itself
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

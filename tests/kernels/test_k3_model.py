@@ -48,11 +48,11 @@ NORM_SEPARATE_KERNEL_TOL = 5e-3  # the first KDA layer's output
 #: Variants that must reproduce baseline bit for bit.
 BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_multipass",
            "delay:kda_step_kernel:2000", "situ_fused", "attn_res_fused",
-           "attn_res_fused+residual_separate"]
+           "attn_res_fused+residual_separate", "router_align_fused"]
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits"]
-CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused"])
+CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused"])
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -180,6 +180,14 @@ def tiny_baseline():
 @pytest.mark.parametrize("name", BITWISE)
 def test_variant_bitwise(name, tiny_baseline):
     assert_same(tiny_baseline, run_steps(K3Decode(TINY_BLOCKS, parse(name), "cpu"), 1))
+
+
+@cpu
+def test_router_align_fused_bitwise_at_one_token():
+    # The variant applies at B = 1 only (TINY_BLOCKS has two tokens).
+    one = TINY_BLOCKS.with_(batch=1)
+    assert_same(run_steps(K3Decode(one, parse("baseline"), "cpu"), 1),
+                run_steps(K3Decode(one, parse("router_align_fused"), "cpu"), 1))
 
 
 @cpu

@@ -402,6 +402,22 @@ def _aligned(ids, E):
     return al
 
 
+@pytest.mark.parametrize("E,K", [(64, 4), (896, 16)])
+def test_router_align_fused_bitwise(E, K):
+    """Variant router_align_fused (one token): the router's own segments equal moe_align's."""
+    g = gen(31)
+    logits, bias = randn(g, 1, E), randn(g, E, scale=0.05, dtype=F32)
+    ids, w = ints(1, K), torch.empty(1, K, device=DEV, dtype=F32)
+    moe.moe_router(logits, bias, ids, w)
+    want = _aligned(ids, E)
+    ids_f, w_f = ints(1, K), torch.empty(1, K, device=DEV, dtype=F32)
+    got = (ints(K), ints(K), ints(K + 1), ints(1))
+    moe.moe_router(logits, bias, ids_f, w_f, align=got)
+    assert torch.equal(ids_f, ids) and torch.equal(w_f, w)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 def _random_ids(B, E, K, seed):
     return torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(seed + b))[:K]
                         for b in range(B)]).to(device=DEV, dtype=I32)
@@ -547,6 +563,9 @@ for B in (1, 8, 64):
     mla.gate_mul(e(B, 1536), e(B, 1536), e(B, 1536))
     ids, w = e(B, 16, dt=I32), e(B, 16, dt=F32)
     moe.moe_router(e(B, 6016)[:, :896], e(896, dt=F32), ids, w)
+    if B == 1:
+        moe.moe_router(e(B, 6016)[:, :896], e(896, dt=F32), ids, w,
+                       align=(e(16, dt=I32), e(16, dt=I32), e(17, dt=I32), e(1, dt=I32)))
     moe.moe_router(e(B, 6016)[:, :896], e(896, dt=F32), ids, w, multipass=True,
                    scratch=e(*moe.router_scratch_shape(B, 896, 16), dt=torch.int64))
     P, G = B * 16, min(B * 16, 896)

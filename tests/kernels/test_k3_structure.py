@@ -127,6 +127,7 @@ def test_baseline_counts():
     ("situ_fused", -92),                # the routed SiTU launch
     ("fmha_short_splits", 0),
     ("attn_res_fused", -186),           # one launch per aggregation, not two
+    ("router_align_fused", -92),        # the align launch (B = 1)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -210,6 +211,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
         if P.SCORE_COMBINE in ops:  # attn_res_fused: both sub-ops in one launch
             ops.remove(P.SCORE_COMBINE)
             ops += [P.SCORE, P.COMBINE]
+        if seg.family == "moe" and P.router_aligns(cfg, v):
+            ops.append(P.ALIGN)  # written by the router kernel
         if seg.family == "moe" and v.situ_fused:
             ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
         out.append((seg.layer, seg.family, ops))

@@ -86,7 +86,8 @@ def _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K: tl.constexpr, KP
 
 @triton.jit
 def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
-                      K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
+                      sorted_pairs, seg_expert, seg_start, num_segs,
+                      K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr, ALIGN: tl.constexpr,
                       USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     es = tl.arange(0, BLOCK_E)
@@ -97,6 +98,18 @@ def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
     packed = tl.where(em, _packed_key(s + bv, es), -1)
     keys, vals, tot = _select_topk(packed, s, K, KP)
     _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K, KP)
+    if ALIGN:
+        # Variant router_align_fused (one token): its K experts are distinct, so moe_align's
+        # segments are the ids sorted, one pair each. The same key as moe_align's sort
+        # (expert * BLOCK_P + pair, BLOCK_P = KP at B = 1): the same arrays, bit for bit.
+        kk = tl.arange(0, KP)
+        ids = (65535 - (keys & 65535)).to(tl.int32)
+        skey = tl.sort(tl.where(kk < K, ids * KP + kk, E * KP + kk))
+        tl.store(sorted_pairs + kk, skey % KP, mask=kk < K)
+        tl.store(seg_expert + kk, skey // KP, mask=kk < K)
+        tl.store(seg_start + kk, kk, mask=kk < K)
+        tl.store(seg_start + K, K)
+        tl.store(num_segs, K)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
 
@@ -150,10 +163,13 @@ def router_scratch_shape(B: int, num_experts: int, top_k: int,
 def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
                topk_w: torch.Tensor, *, scale: float = 1.0, multipass: bool = False,
                scratch: torch.Tensor | None = None, group_size: int = ROUTER_GROUP,
-               delay_ns: int = 0) -> None:
+               align: tuple[torch.Tensor, ...] | None = None, delay_ns: int = 0) -> None:
     """Sigmoid + bias top-k routing. multipass=True: pass 1 per (token, group of
     `group_size` experts), pass 2 merges; `scratch` (int64, `router_scratch_shape`) is
-    allocated when not given (pass it under graph capture). Same ids and weights."""
+    allocated when not given (pass it under graph capture). Same ids and weights.
+
+    align=(sorted_pairs, seg_expert, seg_start, num_segs), one token, single pass (variant
+    router_align_fused): also writes what `moe_align` would, bit for bit."""
     B, E = logits.shape
     _, K = topk_ids.shape
     assert E < (1 << ID_BITS) and logits.stride(1) == 1 and bias.shape == (E,)
@@ -161,9 +177,16 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
     assert topk_ids.is_contiguous() and topk_w.is_contiguous()
     assert topk_ids.dtype == torch.int32 and topk_w.dtype == torch.float32 and K <= E
     KP = next_pow2(K)
+    if align is not None:
+        assert B == 1 and not multipass and len(align) == 4 and K == KP
+        sp, se, ss, ns = align
+        assert sp.shape == (K,) and se.shape == (K,) and ss.shape == (K + 1,) and ns.shape == (1,)
+        assert all(t.dtype == torch.int32 and t.is_contiguous() for t in align)
     if not multipass:
+        sp, se, ss, ns = align if align is not None else (topk_ids,) * 4  # unused without ALIGN
         launch(moe_router_kernel, (B,), logits, bias, topk_ids, topk_w, E, logits.stride(0),
-               float(scale), K=K, KP=KP, BLOCK_E=next_pow2(E), num_warps=4, delay_ns=delay_ns)
+               float(scale), sp, se, ss, ns, K=K, KP=KP, BLOCK_E=next_pow2(E),
+               ALIGN=align is not None, num_warps=4, delay_ns=delay_ns)
         return
     assert group_size == next_pow2(group_size) and group_size >= K
     shape = router_scratch_shape(B, E, K, group_size)
