@@ -434,6 +434,7 @@ class K3Decode:
         cfg = self.cfg
         self._main = self.streams.main  # the capture stream under torch.cuda.graph
         self._seg_i, self._label = 0, P.MAIN
+        self._mlp_out: tuple = ()  # mlp_residual_folded: the MLP output the next score adds
         self.bank[0].copy_(self.embed)  # the step's input opens block 0's partial
         for l in cfg.layers:
             with self._range("", f"top.model.layers.{l - 1}"):
@@ -467,18 +468,24 @@ class K3Decode:
         n = cfg.bank_rows(l, site)
         pending = site == "mlp" and not cfg.opens_block(l)  # attention output to add
         with self._segment(l, ATTN_RES):
-            addend = None
+            addend = addend2 = None
             if pending and self.variant.residual_folded:
                 addend = s.attn_out
             elif pending:
                 self._triton(P.RESIDUAL_ADD, residual_add, self._partial(l), s.attn_out)
+            if site == "attn" and self._mlp_out:
+                # mlp_residual_folded: the previous layer's MLP output joins its partial,
+                # which is this aggregation's last row (a completed block's, at a boundary).
+                assert self._partial(l - 1).data_ptr() == self.bank[n - 1].data_ptr()
+                addend, addend2 = self._mlp_out
+                self._mlp_out = ()
             if P.attn_res_fuses(cfg, self.variant):
                 self._triton(P.SCORE_COMBINE, attn_res_fused, self.bank, n, w.query,
                              self.attn_res_scores, w.gamma, s.x, addend=addend, eps=cfg.norm_eps,
                              counter=self.attn_res_counter, sm_count=cfg.sm_count)
                 return
             self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
-                         addend=addend)
+                         addend=addend, addend2=addend2)
             self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.attn_res_scores,
                          w.gamma, s.x, eps=cfg.norm_eps)
 
@@ -597,7 +604,10 @@ class K3Decode:
                          cfg.norm_eps)
             self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
             self._join(shared)
-            self._triton(P.ADD3, add3, self._partial(l), s.routed_out, s.shared_out)
+            if P.mlp_output_folded(cfg, v, l):
+                self._mlp_out = (s.routed_out, s.shared_out)
+            else:
+                self._triton(P.ADD3, add3, self._partial(l), s.routed_out, s.shared_out)
             self._all_reduce()
 
     def _route(self, l: int, w: MoELayer, logits: torch.Tensor) -> None:
@@ -619,7 +629,10 @@ class K3Decode:
             self._triton(P.ACT, situ_mul, s.dense_gu, s.dense_h)
             self._mm(P.DOWN, s.dense_h, w.down, s.dense_out)
             self._all_reduce()
-            self._triton(P.RESIDUAL_ADD, residual_add, self._partial(l), s.dense_out)
+            if P.mlp_output_folded(self.cfg, self.variant, l):
+                self._mlp_out = (s.dense_out, None)
+            else:
+                self._triton(P.RESIDUAL_ADD, residual_add, self._partial(l), s.dense_out)
 
     # ---- results ------------------------------------------------------------------------
     def hidden(self) -> torch.Tensor:

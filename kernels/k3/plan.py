@@ -231,7 +231,9 @@ def attn_res_fuses(cfg: K3Config, v: Variant) -> bool:
     programs fit one per SM (its grid barrier needs them all resident); else the pair.
     The same rule as kernels.k3.ops.attn_res.attn_res_fused_fits (a test keeps them equal)."""
     chunk = min(512, 1 << max(cfg.hidden - 1, 0).bit_length())
-    return v.attn_res_fused and cfg.batch * -(-cfg.hidden // chunk) <= cfg.sm_count
+    # Not with mlp_residual_folded: the fused kernel takes one addend, not add3's two.
+    return (v.attn_res_fused and not v.mlp_residual_folded
+            and cfg.batch * -(-cfg.hidden // chunk) <= cfg.sm_count)
 
 
 def kda_items(cfg: K3Config, v: Variant) -> list[Item]:
@@ -327,13 +329,23 @@ _ATTENTION = {KDA: kda_items, MLA: mla_items}
 _MLP = {MOE: moe_items, DENSE: dense_items}
 
 
+def mlp_output_folded(cfg: K3Config, v: Variant, layer: int) -> bool:
+    """mlp_residual_folded: this layer's MLP output joins its partial in the next layer's
+    pre-attention score kernel (add3 / residual_add there, folded; seed 003). The last
+    layer keeps its add: no aggregation follows it."""
+    return v.mlp_residual_folded and layer < cfg.layers[-1]
+
+
 def layer_segments(cfg: K3Config, v: Variant, layer: int) -> list[Segment]:
     attn, mlp = cfg.attention_family(layer), cfg.mlp_family(layer)
+    mlp_items = _MLP[mlp](cfg, v)
+    if mlp_output_folded(cfg, v, layer):
+        mlp_items = [i for i in mlp_items if not (isinstance(i, Launch) and i.subop in (ADD3, RESIDUAL_ADD))]
     return [
         Segment(layer, ATTN_RES, tuple(attn_res_items(cfg, v, layer, "attn"))),
         Segment(layer, attn, tuple(_ATTENTION[attn](cfg, v))),
         Segment(layer, ATTN_RES, tuple(attn_res_items(cfg, v, layer, "mlp"))),
-        Segment(layer, mlp, tuple(_MLP[mlp](cfg, v))),
+        Segment(layer, mlp, tuple(mlp_items)),
     ]
 
 

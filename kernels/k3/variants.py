@@ -29,6 +29,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "situ_fused": ("situ_fused", True),                   # seed 003 (fused tails)
     "fmha_short_splits": ("fmha_short_splits", True),
     "router_align_fused": ("router_align_fused", True),   # seed 003
+    "mlp_residual_folded": ("mlp_residual_folded", True),  # seed 003
 }
 
 DELAY_PREFIX = "delay"
@@ -49,6 +50,7 @@ class Variant:
     situ_fused: bool = False         # routed SiTU applied in the down GEMM's operand load
     fmha_short_splits: bool = False  # split-KV programs of >= 64 cache tokens, not 128
     router_align_fused: bool = False  # B = 1: the router writes the align's segments itself
+    mlp_residual_folded: bool = False  # MLP output added in the next layer's pre-attention score
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

@@ -402,6 +402,20 @@ def _aligned(ids, E):
     return al
 
 
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_score_with_add3_folded_bitwise(n_rows):
+    """Variant mlp_residual_folded: score with two addends = add3 then score, bit for bit."""
+    B, H = 2, 1100
+    bank, query, _, addend = _attn_res_inputs(B, H, 41)
+    addend2 = randn(gen(42), B, H)
+    bank_f, bank_s = bank.clone(), bank.clone()
+    sc_f, sc_s = attn_res.alloc_attn_res_scores(bank), attn_res.alloc_attn_res_scores(bank)
+    attn_res.attn_res_score(bank_f, n_rows, query, sc_f, addend=addend, addend2=addend2)
+    attn_res.add3(bank_s[n_rows - 1], addend, addend2)
+    attn_res.attn_res_score(bank_s, n_rows, query, sc_s)
+    assert torch.equal(bank_f, bank_s) and torch.equal(sc_f, sc_s)
+
+
 @pytest.mark.parametrize("E,K", [(64, 4), (896, 16)])
 def test_router_align_fused_bitwise(E, K):
     """Variant router_align_fused (one token): the router's own segments equal moe_align's."""
@@ -533,6 +547,7 @@ for B in (1, 8, 64):
     norm.rmsnorm(e(B, H), e(H), e(B, H)); norm.rmsnorm(e(B, 576)[:, :512], e(512), e(B, 512))
     bank = e(8, B, H); sc = e(*attn_res.attn_res_scores_shape(B, H), dt=F32)
     attn_res.attn_res_score(bank, 5, e(H), sc); attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H))
+    attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H), addend2=e(B, H))
     attn_res.attn_res_combine(bank, 5, sc, e(H), e(B, H))
     ctr = e(1, dt=I32)  # meta: 132 SMs assumed, so B = 64 records the pair (fallback)
     attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), counter=ctr)

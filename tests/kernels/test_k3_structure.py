@@ -128,6 +128,7 @@ def test_baseline_counts():
     ("fmha_short_splits", 0),
     ("attn_res_fused", -186),           # one launch per aggregation, not two
     ("router_align_fused", -92),        # the align launch (B = 1)
+    ("mlp_residual_folded", -92),       # add3 / residual_add of layers 1..92 (93 keeps its add)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -213,6 +214,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops += [P.SCORE, P.COMBINE]
         if seg.family == "moe" and P.router_aligns(cfg, v):
             ops.append(P.ALIGN)  # written by the router kernel
+        if seg.family in ("moe", "dense") and P.mlp_output_folded(cfg, v, seg.layer):
+            ops.append(P.ADD3 if seg.family == "moe" else P.RESIDUAL_ADD)  # in the next score
         if seg.family == "moe" and v.situ_fused:
             ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
         out.append((seg.layer, seg.family, ops))

@@ -80,10 +80,10 @@ def alloc_attn_res_scores(bank: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def attn_res_score_kernel(bank, addend, query, scores, n_rows, H,
-                          stride_br, stride_bb, stride_ab,
+def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
+                          stride_br, stride_bb, stride_ab, stride_ab2,
                           R: tl.constexpr, W: tl.constexpr, BLOCK_H: tl.constexpr,
-                          HAS_ADDEND: tl.constexpr,
+                          HAS_ADDEND: tl.constexpr, HAS_ADDEND2: tl.constexpr,
                           USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     c = tl.program_id(1)
@@ -103,11 +103,13 @@ def attn_res_score_kernel(bank, addend, query, scores, n_rows, H,
                 mask=(rs[:, None] < n_old) & hm[None, :], other=0.0).to(tl.float32)
     if HAS_ADDEND:
         pp = base + last * stride_br + hs
-        part = tl.load(pp, mask=hm, other=0.0).to(tl.float32) \
-            + tl.load(addend + b.to(tl.int64) * stride_ab + hs, mask=hm, other=0.0).to(tl.float32)
+        add = tl.load(addend + b.to(tl.int64) * stride_ab + hs, mask=hm, other=0.0).to(tl.float32)
+        if HAS_ADDEND2:  # add3's order: the two addends first, then the partial
+            add += tl.load(addend2 + b.to(tl.int64) * stride_ab2 + hs, mask=hm, other=0.0).to(tl.float32)
+        part = tl.load(pp, mask=hm, other=0.0).to(tl.float32) + add
         part = to_dtype(part, bank.dtype.element_ty)
         tl.store(pp, part, mask=hm)
-        # Score the rounded value: exactly what residual_add + score would read back.
+        # Score the rounded value: exactly what residual_add / add3 + score would read back.
         x = tl.where(rs[:, None] == last, part.to(tl.float32)[None, :], x)
     acc = tl.zeros([R, W], dtype=tl.float32)
     acc = tl.where(ws[None, :] == R, tl.sum(x * q[None, :], 1)[:, None], acc)
@@ -298,21 +300,26 @@ def _check_bank(bank: torch.Tensor, n_rows: int) -> None:
 
 
 def attn_res_score(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores: torch.Tensor, *,
-                   addend: torch.Tensor | None = None, delay_ns: int = 0) -> torch.Tensor:
+                   addend: torch.Tensor | None = None, addend2: torch.Tensor | None = None,
+                   delay_ns: int = 0) -> torch.Tensor:
     """Partial scores of rows 0..n_rows-1 into `scores`; with `addend`, first
-    bank[n_rows-1] += addend in place (the folded residual add)."""
+    bank[n_rows-1] += addend in place (the folded residual add), with `addend2` too
+    bank[n_rows-1] += addend + addend2 (add3 folded: variant mlp_residual_folded)."""
     _check_bank(bank, n_rows)
     R_MAX, B, H = bank.shape
     assert scores.shape == attn_res_scores_shape(B, H, R_MAX) and scores.is_contiguous()
     assert scores.dtype == torch.float32 and query.shape == (H,) and query.is_contiguous()
     _, NC, R, W = scores.shape
-    if addend is not None:
-        assert addend.shape == (B, H) and addend.stride(1) == 1
-    launch(attn_res_score_kernel, (B, NC), bank, addend if addend is not None else bank, query,
-           scores, n_rows, H, bank.stride(0), bank.stride(1),
-           addend.stride(0) if addend is not None else 0,
-           R=R, W=W, BLOCK_H=_block_h(H), HAS_ADDEND=addend is not None, num_warps=4,
-           delay_ns=delay_ns)
+    assert addend2 is None or addend is not None
+    for a in (addend, addend2):
+        if a is not None:
+            assert a.shape == (B, H) and a.stride(1) == 1
+    launch(attn_res_score_kernel, (B, NC), bank, addend if addend is not None else bank,
+           addend2 if addend2 is not None else bank, query, scores, n_rows, H, bank.stride(0),
+           bank.stride(1), addend.stride(0) if addend is not None else 0,
+           addend2.stride(0) if addend2 is not None else 0,
+           R=R, W=W, BLOCK_H=_block_h(H), HAS_ADDEND=addend is not None,
+           HAS_ADDEND2=addend2 is not None, num_warps=4, delay_ns=delay_ns)
     return scores
 
 
