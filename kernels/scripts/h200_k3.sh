@@ -44,6 +44,9 @@ C1=router_fork
 C2=$C1+mla_combine_wide
 C3=$C2+triton_linear
 C4=$C3+fmha_short_splits
+# Second round (campaign_more), on C3: the router leg shortened, then add3 folded.
+C5=$C3+router_align_fused
+C6=$C5+mlp_residual_folded
 
 case $phase in
 campaign_test)
@@ -67,6 +70,21 @@ campaign_final)  # after the last code change: the model's GPU tests, the B = 1 
     2>&1 | tee $OUT/gpu_model.log | tail -5
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --variants baseline $C1 $C2 $C3 $C4 \
     --json $OUT/step_b1.json 2>&1 | grep -v "attention weights" ;;
+campaign_more)  # GPU tests of the second round; C3 C5 C6 interleaved unprofiled; recordings
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  set -o pipefail
+  timeout 150 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "variant_pairs or kernel_nodes" 2>&1 | tee $OUT/gpu_model.log | tail -3
+  timeout 60 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py -k "router or add3 or attn_res_k3" 2>&1 | tail -2
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C3 $C5 $C6 $C3 $C5 $C6 \
+    --json $OUT/step_more.json 2>&1 | grep -v "attention weights"
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for nv in c3=$C3 c5=$C5 c6=$C6; do
+    for r in a b; do rec k3_full_${nv%%=*}_$r --steps 40 --variant ${nv#*=}; done
+  done
+  rec k3_bs1_c5 --layers 8 --steps 40 --variant $C5
+  rec k3_bs1_c6 --layers 8 --steps 40 --variant $C6
+  pack k3_more ;;
 campaign_big)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
     --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;
