@@ -94,6 +94,44 @@ def router_head(B: int, calls: int) -> dict[str, float]:
             "router_fork: [router GEMV -> router -> align] || rest of front": per_call_us(forked, calls)}
 
 
+def router_align(B: int, calls: int) -> dict[str, float]:
+    """The router leg's top-k and align: two launches, or the router writing the segments
+    (router_align_fused; one token)."""
+    from kernels.k3.ops.moe import moe_align, moe_router
+
+    E, K = 896, 16
+    g = torch.Generator(device="cuda").manual_seed(6)
+    logits = torch.randn(B, E, device="cuda", dtype=BF, generator=g)
+    bias = torch.randn(E, device="cuda", dtype=F32, generator=g) * 0.05
+    ids, wts = torch.empty(B, K, device="cuda", dtype=I32), torch.empty(B, K, device="cuda", dtype=F32)
+    P = B * K
+    seg = (torch.empty(P, device="cuda", dtype=I32), torch.empty(min(P, E), device="cuda", dtype=I32),
+           torch.empty(min(P, E) + 1, device="cuda", dtype=I32), torch.empty(1, device="cuda", dtype=I32))
+    res = {"router -> align": per_call_us(lambda i: (moe_router(logits, bias, ids, wts), moe_align(ids, E, *seg)),
+                                          calls)}
+    if B == 1:
+        res["router_align_fused"] = per_call_us(lambda i: moe_router(logits, bias, ids, wts, align=seg), calls)
+    return res
+
+
+def add3_fold(B: int, calls: int) -> dict[str, float]:
+    """The MLP output into the partial: add3 then the next score, or the score adding it
+    (mlp_residual_folded)."""
+    from kernels.k3.ops import attn_res as A
+
+    H = 7168
+    g = torch.Generator(device="cuda").manual_seed(7)
+    bank = torch.randn(8, B, H, device="cuda", dtype=BF, generator=g)
+    query = torch.randn(H, device="cuda", dtype=BF, generator=g)
+    a, b = (torch.randn(B, H, device="cuda", dtype=BF, generator=g) * 1e-3 for _ in range(2))
+    scores = A.alloc_attn_res_scores(bank)
+    n = 4
+    return {"add3 -> score": per_call_us(lambda i: (A.add3(bank[n - 1], a, b),
+                                                   A.attn_res_score(bank, n, query, scores)), calls),
+            "mlp_residual_folded": per_call_us(lambda i: A.attn_res_score(bank, n, query, scores, addend=a, addend2=b),
+                                               calls)}
+
+
 def mla_combine(B: int, calls: int) -> dict[str, float]:
     from kernels.k3.config import K3Config
     from kernels.k3.ops.mla import mla_decode_combine
@@ -254,7 +292,9 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
                            "router_fork: [router GEMV -> router -> align] || rest of front"),
            "mla_combine_wide": (24, "combine", "mla_combine_wide"),
            "attn_res_fused": (186, "score + combine", "attn_res_fused"),
-           "fmha_short_splits": (24, "fmha + wide combine", "fmha_short_splits")}
+           "fmha_short_splits": (24, "fmha + wide combine", "fmha_short_splits"),
+           "router_align_fused": (92, "router -> align", "router_align_fused"),
+           "mlp_residual_folded": (92, "add3 -> score", "mlp_residual_folded")}
 
 
 def main() -> int:
@@ -267,6 +307,7 @@ def main() -> int:
     B = args.batch
     cases = {"router_fork": router_head(B, args.calls), "mla_combine_wide": mla_combine(B, 50),
              "fmha_short_splits": mla_fmha(B, args.calls),
+             "router_align_fused": router_align(B, args.calls), "mlp_residual_folded": add3_fold(B, args.calls),
              "attn_res_fused": attn_res(B, 50, 8), "attn_res_fused, 2 rows": attn_res(B, 50, 2)}
     for name, res in cases.items():
         print(f"{name} (B={B})")

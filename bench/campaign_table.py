@@ -31,6 +31,8 @@ STANDALONE = {
     "mla_combine_wide": (24, "mla_combine_wide", "combine", "mla_combine_wide"),
     "attn_res_fused": (186, "attn_res_fused", "score + combine", "attn_res_fused"),
     "fmha_short_splits": (24, "fmha_short_splits", "fmha + wide combine", "fmha_short_splits"),
+    "router_align_fused": (92, "router_align_fused", "router -> align", "router_align_fused"),
+    "mlp_residual_folded": (92, "mlp_residual_folded", "add3 -> score", "mlp_residual_folded"),
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).
@@ -120,7 +122,7 @@ def markdown(rows: list[dict]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("folder", type=Path)
-    p.add_argument("--changes", nargs="+", required=True)
+    p.add_argument("--changes", nargs="*", default=[], help="the chain: change i turns build i-1 into build i")
     p.add_argument("--ops", type=Path, nargs="+", help="bench_k3_ops.py JSON files (merged; --sweep ones too)")
     p.add_argument("--single", nargs="*", default=[], metavar="CHANGE=NAME:BUILD",
                    help="a change recorded alone on build BUILD as k3_full_<NAME>_<run> (not in the chain)")
