@@ -559,6 +559,10 @@ def _per_step(ref: Reference, cfg) -> None:
         for layer in sorted(layer_family):
             fmha = [k for k in ks if k.layer == layer and cfg["fmha"].search(k.name)]
             resid = [k for k in ks if k.layer == layer - 1 and cfg["residual"].search(k.name)]
+            # METRICS.md: the kernel that completed the residual stream is the previous
+            # layer's last when none of its kernels is a residual add (the MLP output folded
+            # into the next aggregation: variant mlp_residual_folded).
+            resid = resid or [k for k in ks if k.layer == layer - 1]
             if not fmha or not resid:
                 continue
             first = min(fmha, key=lambda k: (k.start, k.end))

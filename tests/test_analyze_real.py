@@ -24,7 +24,7 @@ ALL = ["small_inside_a", "small_inside_b", "small_inside_c", "small_before",
        "k3_bs1_base_a", "k3_bs1_base_before", "k3_bs1_mla_split", "k3_bs1_no_attn_forks", "k3_bs1_router_multipass",
        "k3_bs1_kda_norm_separate", "k3_bs1_residual_separate", "k3_bs1_kda_cute", "k3_bs8_base",
        # the bs1 campaign's cumulative builds (kernels/README.md): a router leg on S2, Triton GEMMs
-       "k3_bs1_c0", "k3_bs1_c1", "k3_bs1_c3"]
+       "k3_bs1_c0", "k3_bs1_c1", "k3_bs1_c3", "k3_bs1_c6"]
 EXACT = dict(rel=1e-6, abs=1e-9)
 
 

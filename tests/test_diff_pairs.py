@@ -246,6 +246,52 @@ def test_campaign_triton_gemms_replace_cublas(analysis, ref):
     check_changed(d, swaps, truth, drift_us=drift_us(ref(old), ref(new), gemm))
 
 
+def router_leg_slack_us(r) -> float:
+    """Least margin, over MoE layers and stable steps, by which the router leg on S2 (top-k,
+    align) ends before the front GEMM beside it (the skinny kernel) on main."""
+    margins = []
+    for s in r.stable:
+        layers = {}
+        for k in s.kernels:
+            if k.family == "moe":
+                layers.setdefault(k.layer, []).append(k)
+        for ks in layers.values():
+            front = next(k for k in ks if k.name == "skinny_mm_kernel")
+            leg = max(k.end for k in ks if k.name in ("moe_router_kernel", "moe_align_kernel"))
+            margins.append(front.end - leg)
+    return min(margins) / 1e3
+
+
+def test_campaign_align_removed_from_a_leg_with_slack(analysis, ref):
+    # router_align_fused on c3: the router writes the segments, the align launch goes. The
+    # leg it leaves ended before the front GEMM beside it in every layer of every step (from
+    # the rows): the kernel time it saves cannot move the step, and k3trace says so.
+    old, new = "k3_bs1_c3", "k3_bs1_c5"
+    assert router_leg_slack_us(ref(old)) > 0
+    saved = kernel_time_us(ref(old), {"moe_align_kernel"}) - kernel_time_us(ref(new), {"moe_align_kernel"})
+    assert saved > 7 * 3.0  # 7 MoE layers, ~4-5 us each
+    d = diff([analysis(old)], [analysis(new)])
+    check_replay(d)
+    removed = rows(d, kind="replacement", edit="moe_align_kernel")
+    assert removed["edit"].to_list() == ["removed moe_align_kernel"]
+    assert abs(total(removed)) <= d.span_noise_band_us
+    assert d.verdict_span == WITHIN_NOISE
+
+
+def test_campaign_add3_folded_into_the_next_score(analysis, ref):
+    # mlp_residual_folded: add3 (and the dense layer's residual add) leave; the next layer's
+    # pre-attention score kernel adds the MLP output itself.
+    old, new = "k3_bs1_c5", "k3_bs1_c6"
+    d = diff([analysis(old)], [analysis(new)])
+    removed = rows(d, kind="replacement", edit="residual_add_kernel")
+    assert sorted(removed["family"]) == ["dense", "moe"] and all(e.startswith("removed") for e in removed["edit"])
+    names = {"residual_add_kernel", "attn_res_score_kernel"}
+    changed = pl.concat([removed, rows(d, kind="duration", edit="attn_res_score_kernel")])
+    truth = kernel_time_us(ref(new), names) - kernel_time_us(ref(old), names)
+    check_changed(d, changed, truth, drift_us=drift_us(ref(old), ref(new), names))
+    assert d.verdict_span == FASTER
+
+
 def test_epilogue_split_is_a_relaunch_of_the_q_concat_kernel(analysis):
     # Seed 000: the q-concat/cache epilogue split across warps; a small change next to the noise.
     old, new = analysis("k3_bs1_base_a"), analysis("k3_bs1_mla_split")
