@@ -141,7 +141,8 @@ K3_VARIANT_FLAGS = ("mla_epilogue_split", "no_attn_forks", "router_multipass", "
                     "residual_separate", "kda_cute",
                     # the bs1 campaign (kernels/README.md)
                     "router_fork", "mla_combine_wide", "attn_res_fused", "triton_linear", "situ_fused",
-                    "fmha_short_splits", "router_align_fused", "mlp_residual_folded")
+                    "fmha_short_splits", "router_align_fused", "mlp_residual_folded",
+                    "pdl_early_trigger")
 SMALL_VARIANTS = ("nofork",)
 _DELAY = re.compile(r"delay:[A-Za-z_][A-Za-z0-9_]*:\d+")
 #: nsys profile --capture-range-end values.

@@ -42,6 +42,7 @@ from kernels.k3.ops.attn_res import (
     attn_res_score,
     residual_add,
 )
+from kernels.k3.ops.common import early_trigger
 from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
 from kernels.k3.ops.mla import gate_mul, mla_cache_insert, mla_decode_combine, mla_decode_fmha, mla_q_concat
 from kernels.k3.ops.moe import (
@@ -436,9 +437,10 @@ class K3Decode:
         self._seg_i, self._label = 0, P.MAIN
         self._mlp_out: tuple = ()  # mlp_residual_folded: the MLP output the next score adds
         self.bank[0].copy_(self.embed)  # the step's input opens block 0's partial
-        for l in cfg.layers:
-            with self._range("", f"top.model.layers.{l - 1}"):
-                self._layer(l)
+        with early_trigger(self.variant.pdl_early_trigger):
+            for l in cfg.layers:
+                with self._range("", f"top.model.layers.{l - 1}"):
+                    self._layer(l)
         if self._seg_i != len(self.plan.segments):
             raise PlanMismatch(f"step ended after {self._seg_i} of {len(self.plan.segments)} segments")
 

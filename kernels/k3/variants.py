@@ -30,6 +30,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "fmha_short_splits": ("fmha_short_splits", True),
     "router_align_fused": ("router_align_fused", True),   # seed 003
     "mlp_residual_folded": ("mlp_residual_folded", True),  # seed 003
+    "pdl_early_trigger": ("pdl_early_trigger", True),      # seed 000's early trigger, everywhere
 }
 
 DELAY_PREFIX = "delay"
@@ -51,6 +52,7 @@ class Variant:
     fmha_short_splits: bool = False  # split-KV programs of >= 64 cache tokens, not 128
     router_align_fused: bool = False  # B = 1: the router writes the align's segments itself
     mlp_residual_folded: bool = False  # MLP output added in the next layer's pre-attention score
+    pdl_early_trigger: bool = False  # every Triton kernel triggers its dependents after its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

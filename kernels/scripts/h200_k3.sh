@@ -47,6 +47,7 @@ C4=$C3+fmha_short_splits
 # Second round (campaign_more), on C3: the router leg shortened, then add3 folded.
 C5=$C3+router_align_fused
 C6=$C5+mlp_residual_folded
+C7=$C6+pdl_early_trigger
 
 case $phase in
 campaign_test)
@@ -85,6 +86,17 @@ campaign_more)  # GPU tests of the second round; C3 C5 C6 interleaved unprofiled
   rec k3_bs1_c5 --layers 8 --steps 40 --variant $C5
   rec k3_bs1_c6 --layers 8 --steps 40 --variant $C6
   pack k3_more ;;
+campaign_pdl)  # the early trigger: GPU variant pairs, C6/C7 interleaved, C7 recorded, B = 8, 64
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  timeout 100 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "variant_pairs" 2>&1 | tail -2
+  timeout 120 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C6 $C7 $C6 $C7 \
+    --json $OUT/step_pdl.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c7_$r --steps 40 --variant $C7; done
+  rec k3_bs1_c7 --layers 8 --steps 40 --variant $C7
+  pack k3_pdl
+  timeout 150 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline $C7 \
+    --json $OUT/step_pdl_b8_64.json 2>&1 | grep "B=" ;;
 campaign_big)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
     --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;

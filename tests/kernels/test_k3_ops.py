@@ -599,10 +599,12 @@ for B in (1, 8, 64):
 TY = {BF: "bf16", F32: "fp32", I32: "i32", torch.int64: "i64"}
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 seen, bad = set(), []
-for kernel, args, meta in calls:
+# Each kernel in both trigger modes: after the last store (1) and right after the wait (2,
+# variant pdl_early_trigger).
+for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
     meta = {k: v for k, v in meta.items() if k != "launch_pdl"}
     opts = {k: meta.pop(k) for k in ("num_warps", "num_stages") if k in meta}
-    meta.update(USE_PDL=True, DELAY_NS=1000)
+    meta.update(USE_PDL=mode, DELAY_NS=1000)
     sig, consts, attrs = {}, {}, {}
     for i, (name, prm) in enumerate(zip(kernel.arg_names, kernel.params)):
         v = None if prm.is_constexpr else args[i]

@@ -12,6 +12,7 @@ On a GPU none of these workarounds is compiled in.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import triton
 import triton.language as tl
@@ -44,17 +45,26 @@ def spin(DELAY_NS: tl.constexpr):
             pass
 
 
+#: USE_PDL values: off (interpreter), trigger after the last store, trigger right after
+#: the wait (variant pdl_early_trigger).
+PDL_OFF, PDL_LATE, PDL_EARLY = 0, 1, 2
+
+
 @triton.jit
 def pdl_wait(USE_PDL: tl.constexpr):
     # Everything the previous kernel wrote is visible after this; load it only after.
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
+    if USE_PDL == 2:
+        # Early trigger: the next kernel launches and runs its prologue while this one works;
+        # its own gdc_wait still waits for this grid to complete, so this is always safe.
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
 def pdl_trigger(USE_PDL: tl.constexpr):
     # Lets the next PDL kernel launch; its own gdc_wait still waits for our completion.
-    if USE_PDL:
+    if USE_PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
 
 
@@ -93,9 +103,25 @@ def tanh(x):
     return tl.where(x < 0, -t, t)
 
 
+_trigger = PDL_LATE
+
+
+@contextmanager
+def early_trigger(enabled: bool = True):
+    """Kernels launched inside trigger their dependents right after their wait (variant
+    pdl_early_trigger; K3Decode.step opens it). A launch-time choice: each mode is its own
+    compiled kernel, so models of both kinds can share a process."""
+    global _trigger
+    prev, _trigger = _trigger, (PDL_EARLY if enabled else PDL_LATE)
+    try:
+        yield
+    finally:
+        _trigger = prev
+
+
 def launch(kernel, grid, *args, delay_ns: int = 0, **meta) -> None:
     """Launch `kernel` PDL-style with the USE_PDL / DELAY_NS constexprs every K3 kernel takes."""
     if delay_ns < 0:
         raise ValueError("delay_ns must be >= 0")
-    kernel[grid](*args, **meta, USE_PDL=PDL, DELAY_NS=int(delay_ns) if PDL else 0,
-                 launch_pdl=PDL)
+    kernel[grid](*args, **meta, USE_PDL=_trigger if PDL else PDL_OFF,
+                 DELAY_NS=int(delay_ns) if PDL else 0, launch_pdl=PDL)
