@@ -31,6 +31,7 @@ import polars as pl
 from k3trace.errors import ReportError
 from k3trace.ingest import cachefs, kineto, normalize, schema
 from k3trace.ingest.tables import ParquetDirTables, SqliteTables
+from k3trace.ingest.tools import Tools
 
 Progress = Callable[[str], None]
 
@@ -69,22 +70,6 @@ class Limits:
     #: `ratio_after_bytes` (nsys SQLite exports compress about 10x with xz).
     max_ratio: float = 200.0
     ratio_after_bytes: int = 256 << 20
-
-
-@dataclass(frozen=True)
-class Tools:
-    """External programs, resolved by the CLI (the library reads no environment)."""
-
-    nsys: str | None = None
-
-    def qdstrm_importer(self) -> str | None:
-        if self.nsys:
-            # host-linux-x64/QdstrmImporter sits beside target-linux-x64/nsys in every layout.
-            root = Path(self.nsys).resolve().parent.parent
-            for candidate in (root / "host-linux-x64" / "QdstrmImporter", root / "QdstrmImporter"):
-                if candidate.is_file():
-                    return str(candidate)
-        return shutil.which("QdstrmImporter")
 
 
 def _no_progress(_: str) -> None:
