@@ -54,9 +54,9 @@ _KERNEL_INTS = ["start", "end", "deviceId", "streamId", "globalPid", "correlatio
 def kernels(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, list[dict]]:
     """(kernels, rejected kernel rows, findings)."""
     raw = src.read(KERNEL_TABLE, _KERNEL_INTS, integers=_KERNEL_INTS)
-    known = strings.select(pl.col("id").alias("_known"))
-    raw = raw.join(known, left_on="shortName", right_on="_known", how="left", coalesce=False).with_columns(
-        pl.col("_known").is_not_null().alias("_has_name")).drop("_known")
+    # Membership tests, not joins: a join gathers every column of the 400k-row table again.
+    known = strings["id"].implode()
+    raw = raw.with_columns(pl.col("shortName").is_in(known).alias("_has_name"))
     checks = validate.interval_checks(ids=("deviceId", "streamId", "globalPid", "correlationId"), negative=True)
     checks.append((validate.DANGLING_ISSUE, ~pl.col("_has_name")))
     raw, bad, found = validate.split(raw, checks, "kernels", duplicates_on=_KERNEL_INTS)
@@ -65,9 +65,9 @@ def kernels(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.D
     # Signatures per distinct (name id, grid, block), resolved and hashed there, joined back;
     # a demangled name id with no string falls back to the short name.
     keys = ["_name_id", *_LAUNCH]
-    raw = raw.join(known, left_on="demangledName", right_on="_known", how="left", coalesce=False).with_columns(
-        pl.when(pl.col("_known").is_not_null()).then(pl.col("demangledName")).otherwise(pl.col("shortName"))
-        .cast(pl.Int64).alias("_name_id")).drop("_known", "_has_name")
+    raw = raw.with_columns(
+        pl.when(pl.col("demangledName").is_in(known)).then(pl.col("demangledName")).otherwise(pl.col("shortName"))
+        .cast(pl.Int64).alias("_name_id")).drop("_has_name")
     # The hash covers the name's text and the launch shape, never the report's own string id.
     distinct = _resolve(raw.select(keys).unique(), strings, "_name_id", "_full_name")
     signed = schema.with_kernel_signature(distinct.select("_full_name", *_LAUNCH)).with_columns(
