@@ -53,8 +53,10 @@ def analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None = None, to
     if cached is not None:
         progress("cached analysis")
         return cached
-    result = analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg,
-                     donor=donor)
+    # The trace's cache entry is written while the analysis runs, on the other core.
+    with ThreadPoolExecutor(1) as writer:
+        trace = load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits, writer=writer)
+        result = analyze(trace, cfg, donor=donor)
     progress("writing cache")
     store.save(result, folder)
     return result

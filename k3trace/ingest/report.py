@@ -22,6 +22,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -78,8 +79,11 @@ def _no_progress(_: str) -> None:
 
 def load_report(
     path: Path, *, cache_dir: Path | None = None, tools: Tools = Tools(), progress: Progress = _no_progress,
-    limits: Limits = Limits(),
+    limits: Limits = Limits(), writer: Executor | None = None,
 ) -> Trace:
+    """The report's normalised frames, from the cache when it holds them. The cache entry
+    of a converted report is written by `writer` when given (the caller waits for it, e.g.
+    by leaving its `with` block: the analysis goes on meanwhile), else before returning."""
     path = Path(path)
     check_readable(path)
     key = report_key(path)
@@ -92,7 +96,10 @@ def load_report(
         trace = _convert(path, work, tools, progress, limits)
     if cache_dir is not None:
         progress("writing cache")
-        _write_cache(cache_dir, key, trace)
+        if writer is not None:
+            writer.submit(_write_cache, cache_dir, key, trace)
+        else:
+            _write_cache(cache_dir, key, trace)
     return trace
 
 
