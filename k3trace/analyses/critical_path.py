@@ -30,10 +30,14 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     the look-ups over them are numpy positions and one `searchsorted` per probe set, where
     joins and per-step as-of joins cost four times as much.
     """
-    k = kernels.select(
+    cols = kernels.select(
         "kernel_id", "step", "stream_id", "start", "end", "launch_start", "name", "signature", "family", "layer",
         "launch_rank",
-    ).sort("step", "start", "end")
+    )
+    # The scans run in (step, start, end) order, on arrays: the frame itself is never
+    # sorted, and the results go back to its rows by position (peak memory).
+    by_start = _order(cols, "step", "start", "end")
+    k = cols.select("kernel_id", "step", "stream_id", "start", "end", "launch_start")[by_start]
     kid = k["kernel_id"].to_numpy()
     step, stream = k["step"].to_numpy(), k["stream_id"].to_numpy()
     start, end = k["start"].to_numpy(), k["end"].to_numpy()
@@ -61,11 +65,18 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     has_ov &= lookup.end[ov_at] > start[waited]
     join_at[waited[has_ov]] = ov_at[has_ov]
     has_join[waited[has_ov]] = True
-    id_type = k.schema["kernel_id"]
-    out = k.with_columns(
-        _nullable("stream_pred", kid[prev], has_stream, id_type), _nullable("stream_release", end[prev], has_stream),
-        _nullable("join_pred", lookup.kernel_id[join_at], has_join, id_type),
-        _nullable("join_release", lookup.end[join_at], has_join),
+    row = np.empty(len(kid), dtype=np.int64)
+    row[by_start] = np.arange(len(kid))
+
+    def back(values: np.ndarray) -> np.ndarray:
+        return values[row]
+
+    id_type = cols.schema["kernel_id"]
+    out = cols.with_columns(
+        _nullable("stream_pred", back(kid[prev]), back(has_stream), id_type),
+        _nullable("stream_release", back(end[prev]), back(has_stream)),
+        _nullable("join_pred", back(lookup.kernel_id[join_at]), back(has_join), id_type),
+        _nullable("join_release", back(lookup.end[join_at]), back(has_join)),
         pl.col("launch_start").alias("launch_release"),
     )
     # Ties go to the stream edge, then the join: a launch that happened earlier never binds.
@@ -90,7 +101,7 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
         pl.when(pl.col("binding") == LAUNCH).then(pl.coalesce("stream_release", "join_release"))
         .otherwise(pl.col("release")).alias("path_release"),
     )
-    return out.sort("kernel_id")
+    return out if out["kernel_id"].is_sorted() else out.sort("kernel_id")
 
 
 def _order(frame: pl.DataFrame, *keys: str) -> np.ndarray:

@@ -85,7 +85,12 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
     assignment = assign_steps(trace, cfg)
     steps = classify_steps(assignment.steps, cfg)
     labelling = label(trace, assignment, cfg, donor)
-    labelled = labelling.kernels
+    summary = labelling.summary
+    # From here on only these columns of the kernels are read: the launch and capture
+    # columns, and the assignment's unlabelled frame, are let go (peak memory).
+    labelled = labelling.kernels.select(*KERNEL_COLUMNS, "launch_start", "signature")
+    assignment = replace(assignment, kernels=labelled)
+    del labelling
     stable_ids = steps.filter(pl.col("stable")).select("step")
     if stable_ids.is_empty():
         raise ReportError(
@@ -111,7 +116,6 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
     for r in trace.findings.filter(~pl.col("excluded")).iter_rows(named=True):
         notes.append(f"{r['rows']} of {r['total']} {r['table']} rows had {r['issue']} "
                      "(names that differ only past the cut read as one)")
-    summary = labelling.summary
     notes.extend(label_notes(summary))
     path, graph, step_times, pdl_steps, windows = (on_path.path, on_path.graph, spread.step_times, spread.pdl_steps,
                                                    spread.windows)
@@ -133,7 +137,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
         step_times=step_times,
         families=family_rows,
         kernel_table=kernel_rows,
-        path=path.select(PATH_COLUMNS),
+        path=path,
         path_steps=on_path.path_steps,
         graph=graph,
         pre_attention=windows,
@@ -180,6 +184,8 @@ def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl
                                                       how="left"))
     slack = graph.nodes.with_columns(pl.Series("slack_ns", stepgraph.slack(graph))).group_by("name", "family").agg(
         (pl.col("slack_ns").min() / 1e3).alias("slack_us"))
+    # The edge columns the graph was built from are not kept (peak memory).
+    path = path.select(PATH_COLUMNS)
     return PathMetrics(path=path, graph=graph, slack=slack, by_family=critical_path.by_family(path),
                        by_kernel=critical_path.by_kernel(path), path_steps=critical_path.per_step(path))
 

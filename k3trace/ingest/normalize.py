@@ -72,7 +72,11 @@ def kernels(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.D
     distinct = _resolve(raw.select(keys).unique(), strings, "_name_id", "_full_name")
     signed = schema.with_kernel_signature(distinct.select("_full_name", *_LAUNCH)).with_columns(
         distinct["_name_id"]).drop("_full_name")
-    frame = _resolve(raw, strings, "shortName", "name").join(signed, on=keys, how="left", nulls_equal=True)
+    # Joined on the key columns alone (a left join keeps the row order), then set beside the
+    # rest: joining the whole table would gather all its columns twice more (peak memory).
+    name = _resolve(raw.select("shortName"), strings, "shortName", "name")["name"]
+    signature = raw.select(keys).join(signed, on=keys, how="left", nulls_equal=True)["signature"]
+    frame = raw.drop(keys).with_columns(name, signature)
     frame = frame.rename(
         {"deviceId": "device_id", "streamId": "stream_id", "globalPid": "global_pid",
          "correlationId": "correlation_id", "graphNodeId": "graph_node_id", "graphId": "graph_id"}

@@ -108,7 +108,8 @@ def split(frame: pl.DataFrame, checks: list[tuple[str, pl.Expr]], table: str, *,
     total = frame.height
     tagged = frame.with_columns(reasons(checks).alias("issue"))
     bad = tagged.filter(pl.col("issue").is_not_null())
-    good = tagged.filter(pl.col("issue").is_null())
+    # A clean table (the usual case) is kept as it is: filtering would copy every column.
+    good = tagged if bad.is_empty() else tagged.filter(pl.col("issue").is_null())
     # Rows equal on every column are equal on the first few (times, mostly distinct): when
     # those hold no repeat, there is no duplicate and the costly order-keeping unique is skipped.
     if duplicates_on and good.select(pl.struct(duplicates_on[:3]).is_duplicated().any()).item():
