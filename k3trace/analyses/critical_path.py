@@ -188,7 +188,7 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     row_of[ids] = np.arange(len(ids))
     pred = edges["pred"].fill_null(-1).to_numpy().astype(np.int64)
     pred_row = np.where(pred >= 0, row_of[np.clip(pred, 0, None)], -1)
-    last = edges.sort("end").group_by("step").agg(pl.col("kernel_id").last())
+    last = edges.select("step", "end", "kernel_id").sort("end").group_by("step").agg(pl.col("kernel_id").last())
     cursor = row_of[last["kernel_id"].to_numpy().astype(np.int64)]
     on_path = np.zeros(len(ids), dtype=bool)
     while cursor.size:
@@ -196,7 +196,10 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         cursor = pred_row[cursor]
         cursor = cursor[(cursor >= 0) & ~on_path[np.clip(cursor, 0, None)]]
     first = steps.select("step", pl.col("first_start").alias("step_start"))
-    out = edges.with_columns(pl.Series("on_path", on_path)).join(first, on="step", how="left")
+    # Joined on the step column alone (a left join keeps the row order): joining the edges
+    # would copy all their columns (peak memory).
+    step_start = edges.select("step").join(first, on="step", how="left")["step_start"]
+    out = edges.with_columns(pl.Series("on_path", on_path), step_start)
     # The path's earliest kernel waits on the launch from the step's start, not the call; a
     # launch-bound kernel from its host-side predecessor's end (`path_release`).
     released = pl.when(pl.col("pred").is_null()).then(pl.col("step_start")).otherwise(pl.col("path_release"))

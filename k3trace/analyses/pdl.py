@@ -10,8 +10,10 @@ from k3trace.config import Config
 
 
 def same_stream_pairs(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
-    """Each kernel with its same-stream predecessor in the step: `gap_ns`, `pdl`."""
-    ordered = kernels.sort("step", "stream_id", "start")
+    """Each kernel with its same-stream predecessor in the step: `gap_ns`, `pdl`, and the
+    predecessor's `prev_name` and `prev_kernel_id` (only the columns these need are sorted)."""
+    ordered = kernels.select("kernel_id", "step", "stream_id", "start", "end", "name", "family").sort(
+        "step", "stream_id", "start")
     same = (pl.col("step") == pl.col("step").shift(1)) & (pl.col("stream_id") == pl.col("stream_id").shift(1))
     return (
         ordered.with_columns(
