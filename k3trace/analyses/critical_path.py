@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from k3trace.config import Config
+from k3trace.ordering import sort_positions
 
 STREAM, JOIN, LAUNCH = "stream", "join", "launch"
 
@@ -36,13 +37,13 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     )
     # The scans run in (step, start, end) order, on arrays: the frame itself is never
     # sorted, and the results go back to its rows by position (peak memory).
-    by_start = _order(cols, "step", "start", "end")
+    by_start = sort_positions(cols, "step", "start", "end")
     k = cols.select("kernel_id", "step", "stream_id", "start", "end", "launch_start")[by_start]
     kid = k["kernel_id"].to_numpy()
     step, stream = k["step"].to_numpy(), k["stream_id"].to_numpy()
     start, end = k["start"].to_numpy(), k["end"].to_numpy()
     # Same stream: the previous kernel on the stream within the step.
-    by_stream = _order(k, "step", "stream_id", "start")
+    by_stream = sort_positions(k, "step", "stream_id", "start")
     same = np.zeros(len(kid), dtype=bool)
     same[1:] = (step[by_stream[1:]] == step[by_stream[:-1]]) & (stream[by_stream[1:]] == stream[by_stream[:-1]])
     prev = np.zeros(len(kid), dtype=np.int64)
@@ -104,12 +105,6 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     return out if out["kernel_id"].is_sorted() else out.sort("kernel_id")
 
 
-def _order(frame: pl.DataFrame, *keys: str) -> np.ndarray:
-    """Row positions of `frame` in the order `frame.sort(*keys)` puts them (only the keys
-    are carried through the sort: the permutation is the one the whole frame would get)."""
-    return frame.select(*keys).with_row_index("_pos").sort(*keys)["_pos"].to_numpy().astype(np.int64)
-
-
 def _nullable(name: str, values: np.ndarray, valid: np.ndarray, dtype: pl.DataType = pl.Int64) -> pl.Series:
     series = pl.Series(name, values).cast(dtype)
     return series if valid.all() else pl.select(pl.when(pl.Series(valid)).then(series)).to_series().alias(name)
@@ -142,7 +137,7 @@ class _EndOrder:
 
     @classmethod
     def of(cls, k: pl.DataFrame, step: np.ndarray, stream: np.ndarray) -> "_EndOrder":
-        order = _order(k, "step", "end")
+        order = sort_positions(k, "step", "end")
         s, st, end = step[order], stream[order], k["end"].to_numpy()[order]
         new_run = np.ones(len(order), dtype=bool)
         new_run[1:] = (st[1:] != st[:-1]) | (s[1:] != s[:-1])
