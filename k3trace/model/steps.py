@@ -89,12 +89,15 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
     ranges = step_ranges(trace, cfg, lane[0])
     # Only eager launches sit in a step range on their own (a replay's kernels share the
     # graph launch): look up just those, then join back.
-    eager_kernels = kernels.filter(pl.col("graph_node_id").is_null())
+    eager_kernels = kernels.select("kernel_id", "launch_tid", "launch_start", "graph_node_id").filter(
+        pl.col("graph_node_id").is_null())
     in_range = eager_kernels.select("kernel_id").with_columns(_in_ranges(eager_kernels, ranges).alias("eager_step"))
     kernels = looked_up(kernels, in_range, "kernel_id")
     range_index = kernels["eager_step"]
 
-    graph_kernels = kernels.filter(pl.col("graph_node_id").is_not_null())
+    # The columns the step keys need, not the whole frame (peak memory: a copy of all).
+    graph_kernels = kernels.select("correlation_id", "start", "graph_node_id").filter(
+        pl.col("graph_node_id").is_not_null())
     if not graph_kernels.is_empty():
         source = GRAPH
         step_key = (
@@ -123,7 +126,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
         kernels = kernels.with_columns(_period_steps(kernels).alias("step"), pl.col("start").alias("order_key"))
         signature = None
 
-    kernels = kernels.sort("kernel_id").with_columns(
+    kernels = (kernels if kernels["kernel_id"].is_sorted() else kernels.sort("kernel_id")).with_columns(
         pl.col("order_key").rank("ordinal").over("step").cast(pl.Int64).sub(1).alias("launch_rank")
     ).with_columns(
         pl.when(pl.col("step").is_null()).then(
