@@ -81,12 +81,12 @@ def print_row(name: str, scale: int, r: dict, repeat: int, rev: str) -> None:
     kib = r["cold_rss"] / r["kernels"] / 1024
     print(f"{name} x{scale}: {r['kernels']:,} kernels; medians of {repeat}; JSON vs {rev}: {r['check']}")
     print(f"  sqlite3 fetch of kernel rows : {r['fetch_s']:7.3f} s   peak {r['fetch_rss'] / 2**20:6.0f} MiB")
-    print(f"  analyze, cold (no cache)     : {r['cold_s']:7.3f} s   ratio {r['cold_s'] / r['fetch_s']:5.2f}  "
+    print(f"  analyze, cold (empty cache)  : {r['cold_s']:7.3f} s   ratio {r['cold_s'] / r['fetch_s']:5.2f}  "
           f"(target <= {target})   peak {r['cold_rss'] / 2**20:6.0f} MiB = {kib:.2f} KiB/kernel (target <= 0.8)")
     print(f"  analyze, warm (cached)       : {r['warm_s']:7.3f} s   ratio {r['warm_s'] / r['fetch_s']:5.2f}  "
           "(target <= 0.5)")
     if "ref_s" in r:
-        print(f"  before ({rev}), no cache   : {r['ref_s']:7.3f} s   ratio {r['ref_s'] / r['fetch_s']:5.2f}  "
+        print(f"  before ({rev}), no cache  : {r['ref_s']:7.3f} s   ratio {r['ref_s'] / r['fetch_s']:5.2f}  "
               f"          peak {r['ref_rss'] / 2**20:6.0f} MiB")
 
 
