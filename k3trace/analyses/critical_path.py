@@ -27,9 +27,9 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     Adds: stream_pred / join_pred (kernel_id), stream_release / join_release /
     launch_release (ns), release (ns), binding (stream|join|launch), pdl (bool).
 
-    The orders come from polars sorts (the same sorts, so ties fall as they always did);
-    the look-ups over them are numpy positions and one `searchsorted` per probe set, where
-    joins and per-step as-of joins cost four times as much.
+    The orders are row positions (k3trace/ordering.py: where keys tie, polars' sort decides,
+    as when the frame was sorted itself); the look-ups over them are numpy positions and one
+    `searchsorted` per probe set, where joins and per-step as-of joins cost four times as much.
     """
     cols = kernels.select(
         "kernel_id", "step", "stream_id", "start", "end", "launch_start", "name", "signature", "family", "layer",
@@ -148,7 +148,7 @@ class _EndOrder:
         # so a stride of the longest step + 2 keeps the stretches apart.
         frame = k.group_by("step").agg(pl.col("start").min(), pl.col("end").max()).sort("step")
         base = frame["start"].to_numpy()
-        stride = int((frame["end"].to_numpy() - base).max()) + 2
+        stride = int((frame["end"].to_numpy() - base).max()) + 2 if len(base) else 2
         g = np.searchsorted(steps, s)
         key = g * stride + (end - base[g])
         return cls(kernel_id=k["kernel_id"].to_numpy()[order], step=s, stream=st, end=end, before_run=before_run,
