@@ -1,5 +1,9 @@
 """The `k3trace` command: thin wrappers over the library. The only module that reads the
-environment (K3TRACE_NSYS, XDG_CACHE_HOME) and the only one that exits."""
+environment (K3TRACE_NSYS, XDG_CACHE_HOME) and the only one that exits.
+
+Start-up is kept light (`k3trace --help` in ~0.1 s, bench/bench_startup.py): the data stack
+(polars, pyarrow, numpy, plotly) and the library modules built on it are imported inside
+the commands that use them, never at module level."""
 
 from __future__ import annotations
 
@@ -19,13 +23,12 @@ from typing import Iterator, Optional
 import click
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
 from k3trace import __version__
 from k3trace.config import Config, load_config
 from k3trace.errors import ReportError, printable
-from k3trace.ingest import Tools
+from k3trace.ingest.tools import Tools
 
 
 try:  # typer >= 0.22 carries its own copy of click; its errors are not click's
@@ -63,6 +66,7 @@ class OneLineUsageErrors(TyperGroup):
 
 
 app = typer.Typer(cls=OneLineUsageErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Critical-path and two-stream analysis of LLM decode steps from Nsight Systems traces.")
 err = Console(stderr=True)
@@ -211,6 +215,8 @@ def note(text: str) -> None:
 @contextmanager
 def _progress(label: str) -> Iterator:
     """A spinner on stderr, shown only when ingest takes longer than a second."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                         console=err, transient=True)
     label = printable(label)

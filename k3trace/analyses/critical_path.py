@@ -10,10 +10,13 @@ twice), and the waits between are bubbles. Bubbles plus kernel parts sum to the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
 
 from k3trace.config import Config
+from k3trace.ordering import polars_positions, sort_positions
 
 STREAM, JOIN, LAUNCH = "stream", "join", "launch"
 
@@ -23,37 +26,60 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
 
     Adds: stream_pred / join_pred (kernel_id), stream_release / join_release /
     launch_release (ns), release (ns), binding (stream|join|launch), pdl (bool).
+
+    The orders are row positions (k3trace/ordering.py: where keys tie, polars' sort decides,
+    as when the frame was sorted itself); the look-ups over them are numpy positions and one
+    `searchsorted` per probe set, where joins and per-step as-of joins cost four times as much.
     """
-    k = kernels.select(
+    cols = kernels.select(
         "kernel_id", "step", "stream_id", "start", "end", "launch_start", "name", "signature", "family", "layer",
         "launch_rank",
-    ).sort("step", "start", "end")
-    # Same stream: the previous kernel on the stream within the step.
-    by_stream = k.sort("step", "stream_id", "start")
-    same = (pl.col("step") == pl.col("step").shift(1)) & (pl.col("stream_id") == pl.col("stream_id").shift(1))
-    stream_pred = by_stream.select(
-        "kernel_id",
-        pl.when(same).then(pl.col("kernel_id").shift(1)).alias("stream_pred"),
-        pl.when(same).then(pl.col("end").shift(1)).alias("stream_release"),
     )
-    lookup = _end_order(k)
-    join_pred = _latest_other_stream(lookup, k, pl.col("start")).drop("start_probe_floor")
-    out = k.join(stream_pred, on="kernel_id", how="left").join(join_pred, on="kernel_id", how="left")
-    out = out.with_columns(pl.col("launch_start").alias("launch_release"))
+    # The scans run in (step, start, end) order, on arrays: the frame itself is never
+    # sorted, and the results go back to its rows by position (peak memory).
+    by_start = sort_positions(cols, "step", "start", "end")
+    k = cols.select("kernel_id", "step", "stream_id", "start", "end", "launch_start")[by_start]
+    kid = k["kernel_id"].to_numpy()
+    step, stream = k["step"].to_numpy(), k["stream_id"].to_numpy()
+    start, end = k["start"].to_numpy(), k["end"].to_numpy()
+    # Same stream: the previous kernel on the stream within the step.
+    by_stream = sort_positions(k, "step", "stream_id", "start")
+    same = np.zeros(len(kid), dtype=bool)
+    same[1:] = (step[by_stream[1:]] == step[by_stream[:-1]]) & (stream[by_stream[1:]] == stream[by_stream[:-1]])
+    prev = np.zeros(len(kid), dtype=np.int64)
+    prev[by_stream[1:]] = by_stream[:-1]
+    has_stream = np.zeros(len(kid), dtype=bool)
+    has_stream[by_stream] = same
+    lookup = _EndOrder.of(k, step, stream)
+    join_at, has_join = lookup.latest_other_stream(step, stream, start)
+    launch = k["launch_start"]
+    has_launch = launch.is_not_null().to_numpy()
+    launch_at = launch.fill_null(0).to_numpy()
     # Graph replays place programmatic (PDL) edges across internal streams too, and there
     # the dependent's reported start precedes its producer's end (its prologue ran first).
     # Where the usual candidates leave a wait, a producer on another stream ending within
     # `pdl_max_overlap_ns` after the start (and before the kernel's own end) released it.
-    usual = pl.max_horizontal("stream_release", "join_release", "launch_release")
-    waited = (pl.col("start") - usual) > cfg.pdl_max_gap_ns
-    probe = pl.min_horizontal(pl.col("start") + cfg.pdl_max_overlap_ns, pl.col("end") - 1)
-    overlap = _latest_other_stream(lookup, out.filter(waited), probe).filter(
-        pl.col("join_release") > pl.col("start_probe_floor")
-    ).select("kernel_id", pl.col("join_pred").alias("ov_pred"), pl.col("join_release").alias("ov_release"))
-    out = out.join(overlap, on="kernel_id", how="left").with_columns(
-        pl.coalesce("ov_pred", "join_pred").alias("join_pred"),
-        pl.coalesce("ov_release", "join_release").alias("join_release"),
-    ).drop("ov_pred", "ov_release")
+    usual, has_usual = _latest((end[prev], has_stream), (lookup.end[join_at], has_join), (launch_at, has_launch))
+    waited = np.flatnonzero(has_usual & (start - usual > cfg.pdl_max_gap_ns))
+    probe = np.minimum(start[waited] + cfg.pdl_max_overlap_ns, end[waited] - 1)
+    ov_at, has_ov = lookup.latest_other_stream(step[waited], stream[waited], probe)
+    has_ov &= lookup.end[ov_at] > start[waited]
+    join_at[waited[has_ov]] = ov_at[has_ov]
+    has_join[waited[has_ov]] = True
+    row = np.empty(len(kid), dtype=np.int64)
+    row[by_start] = np.arange(len(kid))
+
+    def back(values: np.ndarray) -> np.ndarray:
+        return values[row]
+
+    id_type = cols.schema["kernel_id"]
+    out = cols.with_columns(
+        _nullable("stream_pred", back(kid[prev]), back(has_stream), id_type),
+        _nullable("stream_release", back(end[prev]), back(has_stream)),
+        _nullable("join_pred", back(lookup.kernel_id[join_at]), back(has_join), id_type),
+        _nullable("join_release", back(lookup.end[join_at]), back(has_join)),
+        pl.col("launch_start").alias("launch_release"),
+    )
     # Ties go to the stream edge, then the join: a launch that happened earlier never binds.
     release = pl.max_horizontal("stream_release", "join_release", "launch_release")
     out = out.with_columns(release.alias("release")).with_columns(
@@ -76,37 +102,73 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
         pl.when(pl.col("binding") == LAUNCH).then(pl.coalesce("stream_release", "join_release"))
         .otherwise(pl.col("release")).alias("path_release"),
     )
-    return out.sort("kernel_id")
+    return out if out["kernel_id"].is_sorted() else out.sort("kernel_id")
 
 
-def _end_order(k: pl.DataFrame) -> pl.DataFrame:
+def _nullable(name: str, values: np.ndarray, valid: np.ndarray, dtype: pl.DataType = pl.Int64) -> pl.Series:
+    series = pl.Series(name, values).cast(dtype)
+    return series if valid.all() else pl.select(pl.when(pl.Series(valid)).then(series)).to_series().alias(name)
+
+
+def _latest(*candidates: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row the largest of the candidates present (`valid`), and whether any is."""
+    low = np.iinfo(np.int64).min
+    best = np.full(len(candidates[0][0]), low, dtype=np.int64)
+    for values, valid in candidates:
+        best = np.maximum(best, np.where(valid, values, low))
+    return best, np.logical_or.reduce([valid for _, valid in candidates])
+
+
+@dataclass(frozen=True)
+class _EndOrder:
     """The step's kernels ordered by end, each with the position just before its run of
-    same-stream neighbours in that order (where the latest other-stream end is found)."""
-    by_end = k.select("step", "stream_id", "kernel_id", "end").sort("step", "end").with_row_index("end_pos")
-    new_run = (pl.col("stream_id") != pl.col("stream_id").shift(1)) | (pl.col("step") != pl.col("step").shift(1))
-    return by_end.with_columns(
-        (pl.when(new_run.fill_null(True)).then(pl.col("end_pos")).forward_fill().cast(pl.Int64) - 1).alias("before_run")
-    ).select("end_pos", "step", pl.col("kernel_id").alias("cand"), pl.col("stream_id").alias("cand_stream"),
-             pl.col("end").alias("cand_end"), "before_run")
+    same-stream neighbours in that order (where the latest other-stream end is found), and
+    a search key that orders (step, end) on one integer line."""
 
+    kernel_id: np.ndarray
+    step: np.ndarray
+    stream: np.ndarray
+    end: np.ndarray
+    before_run: np.ndarray
+    steps: np.ndarray       # distinct steps, ascending
+    base: np.ndarray        # per distinct step: its earliest kernel start
+    stride: int
+    key: np.ndarray
 
-def _latest_other_stream(lookup: pl.DataFrame, probing: pl.DataFrame, probe: pl.Expr) -> pl.DataFrame:
-    """Per kernel of `probing`: the latest-ending kernel on *another* stream in its step with
-    end <= probe. The as-of match is the latest end <= probe; if that kernel is on the
-    probing kernel's own stream, the latest other-stream one sits just before its run."""
-    probes = probing.select("kernel_id", "step", "stream_id", "start", probe.alias("_probe")).sort("_probe")
-    cand = probes.join_asof(lookup, left_on="_probe", right_on="cand_end", by="step",
-                            strategy="backward", check_sortedness=False)
-    fallback = lookup.select(pl.col("end_pos").cast(pl.Int64).alias("before_run"), pl.col("step").alias("fb_step"),
-                             pl.col("cand").alias("fb"), pl.col("cand_end").alias("fb_end"))
-    other = pl.col("cand_stream") != pl.col("stream_id")
-    return cand.join(fallback, on="before_run", how="left").select(
-        "kernel_id",
-        pl.when(other).then(pl.col("cand")).when(pl.col("fb_step") == pl.col("step")).then(pl.col("fb")).alias("join_pred"),
-        pl.when(other).then(pl.col("cand_end")).when(pl.col("fb_step") == pl.col("step")).then(pl.col("fb_end"))
-        .alias("join_release"),
-        pl.col("start").alias("start_probe_floor"),
-    )
+    @classmethod
+    def of(cls, k: pl.DataFrame, step: np.ndarray, stream: np.ndarray) -> "_EndOrder":
+        order = polars_positions(k, "step", "end")
+        s, st, end = step[order], stream[order], k["end"].to_numpy()[order]
+        new_run = np.ones(len(order), dtype=bool)
+        new_run[1:] = (st[1:] != st[:-1]) | (s[1:] != s[:-1])
+        before_run = np.maximum.accumulate(np.where(new_run, np.arange(len(order)), 0)) - 1
+        steps = np.unique(s)
+        # Each step gets a stretch of the line from its earliest start: every probe lies
+        # within [start - 1, last end] of its step (a zero-length kernel probes at end - 1),
+        # so a stride of the longest step + 2 keeps the stretches apart.
+        frame = k.group_by("step").agg(pl.col("start").min(), pl.col("end").max()).sort("step")
+        base = frame["start"].to_numpy()
+        stride = int((frame["end"].to_numpy() - base).max()) + 2 if len(base) else 2
+        g = np.searchsorted(steps, s)
+        key = g * stride + (end - base[g])
+        return cls(kernel_id=k["kernel_id"].to_numpy()[order], step=s, stream=st, end=end, before_run=before_run,
+                   steps=steps, base=base, stride=stride, key=key)
+
+    def latest_other_stream(self, step: np.ndarray, stream: np.ndarray,
+                            probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per probing kernel: the position of the latest-ending kernel on *another* stream in
+        its step with end <= probe, and whether there is one. The latest end <= probe is
+        found first; if that kernel is on the probing kernel's own stream, the latest
+        other-stream one sits just before its run."""
+        g = np.searchsorted(self.steps, step)
+        at = np.searchsorted(self.key, g * self.stride + (probe - self.base[g]), side="right") - 1
+        found = at >= 0
+        at = np.where(found, at, 0)
+        found &= self.step[at] == step
+        fallback = np.maximum(self.before_run[at], 0)
+        other = self.stream[at] != stream
+        use_fallback = found & ~other & (self.before_run[at] >= 0) & (self.step[fallback] == step)
+        return np.where(other, at, fallback), (found & other) | use_fallback
 
 
 def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
@@ -121,7 +183,7 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     row_of[ids] = np.arange(len(ids))
     pred = edges["pred"].fill_null(-1).to_numpy().astype(np.int64)
     pred_row = np.where(pred >= 0, row_of[np.clip(pred, 0, None)], -1)
-    last = edges.sort("end").group_by("step").agg(pl.col("kernel_id").last())
+    last = edges.select("step", "end", "kernel_id").sort("end").group_by("step").agg(pl.col("kernel_id").last())
     cursor = row_of[last["kernel_id"].to_numpy().astype(np.int64)]
     on_path = np.zeros(len(ids), dtype=bool)
     while cursor.size:
@@ -129,7 +191,10 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         cursor = pred_row[cursor]
         cursor = cursor[(cursor >= 0) & ~on_path[np.clip(cursor, 0, None)]]
     first = steps.select("step", pl.col("first_start").alias("step_start"))
-    out = edges.with_columns(pl.Series("on_path", on_path)).join(first, on="step", how="left")
+    # Joined on the step column alone (a left join keeps the row order): joining the edges
+    # would copy all their columns (peak memory).
+    step_start = edges.select("step").join(first, on="step", how="left")["step_start"]
+    out = edges.with_columns(pl.Series("on_path", on_path), step_start)
     # The path's earliest kernel waits on the launch from the step's start, not the call; a
     # launch-bound kernel from its host-side predecessor's end (`path_release`).
     released = pl.when(pl.col("pred").is_null()).then(pl.col("step_start")).otherwise(pl.col("path_release"))

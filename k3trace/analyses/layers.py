@@ -11,7 +11,8 @@ from k3trace.analyses.overlap import StepOverlap
 
 def layer_table(overlap: StepOverlap, path: pl.DataFrame) -> pl.DataFrame:
     """index, families (in launch order), kernels_per_step, device_busy_us, critical_us."""
-    k = overlap.kernels.filter(pl.col("layer").is_not_null())
+    k = overlap.kernels.select("step", "layer", "family", "start", "end", "launch_rank").filter(
+        pl.col("layer").is_not_null())
     schema = {"index": pl.Int64, "families": pl.List(pl.String), "kernels_per_step": pl.Float64,
               "device_busy_us": pl.Float64, "critical_us": pl.Float64}
     if k.is_empty():

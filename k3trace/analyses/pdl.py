@@ -7,11 +7,14 @@ from __future__ import annotations
 import polars as pl
 
 from k3trace.config import Config
+from k3trace.ordering import sort_positions
 
 
 def same_stream_pairs(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
-    """Each kernel with its same-stream predecessor in the step: `gap_ns`, `pdl`."""
-    ordered = kernels.sort("step", "stream_id", "start")
+    """Each kernel with its same-stream predecessor in the step: `gap_ns`, `pdl`, and the
+    predecessor's `prev_name` and `prev_kernel_id` (only the columns these need are sorted)."""
+    needed = kernels.select("kernel_id", "step", "stream_id", "start", "end", "name", "family")
+    ordered = needed[sort_positions(needed, "step", "stream_id", "start")]
     same = (pl.col("step") == pl.col("step").shift(1)) & (pl.col("stream_id") == pl.col("stream_id").shift(1))
     return (
         ordered.with_columns(

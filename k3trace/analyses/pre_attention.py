@@ -11,7 +11,7 @@ from k3trace.config import Config
 
 def windows(stable_kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     """One row per (stable step, full-attention layer): `window_ns`, the two kernels."""
-    k = stable_kernels.filter(pl.col("layer").is_not_null())
+    k = stable_kernels.select("step", "layer", "family", "name", "start", "end").filter(pl.col("layer").is_not_null())
     fmha = (
         k.filter(pl.col("family").is_in(cfg.full_attention_families), pl.col("name").str.contains(cfg.fmha_pattern))
         .group_by("step", "layer")

@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import resource
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -33,7 +33,7 @@ REPORT_SUFFIXES = (".nsys-rep", ".qdstrm", ".sqlite", ".xz", ".gz")
 
 @dataclass(frozen=True)
 class RankSet:
-    ranks: tuple[Analysis, ...]          # in rank order (sorted report names)
+    ranks: tuple[Analysis, ...]          # in rank order (sorted report names); `kernels` empty (schema only)
     skew: pl.DataFrame                   # per (step ordinal, layer): finish per rank, last rank, skew
     all_reduce: pl.DataFrame             # per rank: all-reduce kernels' busy and exposed time per step
 
@@ -74,7 +74,10 @@ def _limit_memory(limit_bytes: int | None) -> None:
 
 def _one(args: tuple[Path, Config, Path | None, Tools]) -> Analysis:
     path, cfg, cache_dir, tools = args
-    return analyze_report(path, cfg, cache_dir=cache_dir, tools=tools)
+    analysis = analyze_report(path, cfg, cache_dir=cache_dir, tools=tools)
+    # The per-kernel frame stays in the worker: nothing across ranks reads it, and shipping
+    # it back (pickled) cost the parent as much CPU as a quarter of the analyses.
+    return replace(analysis, kernels=analysis.kernels.clear())
 
 
 def analyze_ranks(paths: Sequence[Path], cfg: Config, *, cache_dir: Path | None = None, tools: Tools = Tools(),

@@ -18,6 +18,7 @@ import os
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,10 +51,15 @@ def write_entry(folder: Path, writers: dict[str, Callable[[Path], None]], meta: 
         folder.parent.mkdir(parents=True, exist_ok=True)
         clean_leftovers(folder.parent)
         tmp.mkdir()
-        files = {}
-        for name, write in writers.items():
-            write(tmp / name)
-            files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": _digest(tmp / name)}
+
+        def written(name: str) -> dict[str, Any]:
+            writers[name](tmp / name)
+            return {"bytes": (tmp / name).stat().st_size, "sha256": _digest(tmp / name)}
+
+        # Two at a time: the large frames' writers and digests release the GIL, and an
+        # analysis entry's two largest files take as long as all the others.
+        with ThreadPoolExecutor(2) as pool:
+            files = dict(zip(writers, pool.map(written, writers)))
         (tmp / MANIFEST).write_text(json.dumps({"format": fmt, "files": files, "meta": meta}))
         try:
             os.rename(tmp, folder)

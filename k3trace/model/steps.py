@@ -17,6 +17,7 @@ import polars as pl
 from k3trace.config import Config
 from k3trace.errors import ReportError
 from k3trace.ingest import Trace
+from k3trace.model.frames import looked_up
 from k3trace.model.launches import capture_nodes, kernels_with_launch
 
 GRAPH, NVTX, PERIOD = "graph", "nvtx", "period"
@@ -81,18 +82,22 @@ def _in_ranges(kernels: pl.DataFrame, ranges: pl.DataFrame) -> pl.Series:
 def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
     all_kernels = kernels_with_launch(trace)
     lane, others = _dominant_lane(all_kernels)
-    kernels = all_kernels.filter(pl.col("global_pid") == lane[0], pl.col("device_id") == lane[1])
-    nodes = capture_nodes(trace)
-    kernels = kernels.join(nodes, on="graph_node_id", how="left").sort("kernel_id")
+    # One lane (the usual case) is the whole frame: filtering would copy it.
+    kernels = all_kernels if not others else all_kernels.filter(pl.col("global_pid") == lane[0],
+                                                                pl.col("device_id") == lane[1])
+    kernels = looked_up(kernels, capture_nodes(trace), "graph_node_id")
     ranges = step_ranges(trace, cfg, lane[0])
     # Only eager launches sit in a step range on their own (a replay's kernels share the
     # graph launch): look up just those, then join back.
-    eager_kernels = kernels.filter(pl.col("graph_node_id").is_null())
+    eager_kernels = kernels.select("kernel_id", "launch_tid", "launch_start", "graph_node_id").filter(
+        pl.col("graph_node_id").is_null())
     in_range = eager_kernels.select("kernel_id").with_columns(_in_ranges(eager_kernels, ranges).alias("eager_step"))
-    kernels = kernels.join(in_range, on="kernel_id", how="left").sort("kernel_id")
+    kernels = looked_up(kernels, in_range, "kernel_id")
     range_index = kernels["eager_step"]
 
-    graph_kernels = kernels.filter(pl.col("graph_node_id").is_not_null())
+    # The columns the step keys need, not the whole frame (peak memory: a copy of all).
+    graph_kernels = kernels.select("correlation_id", "start", "graph_node_id").filter(
+        pl.col("graph_node_id").is_not_null())
     if not graph_kernels.is_empty():
         source = GRAPH
         step_key = (
@@ -102,9 +107,8 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
             .with_row_index("step")
             .select(pl.col("step").cast(pl.Int64), "correlation_id")
         )
-        kernels = kernels.join(
-            step_key, on="correlation_id", how="left"
-        ).with_columns(pl.when(pl.col("graph_node_id").is_not_null()).then(pl.col("step")).alias("step"))
+        kernels = looked_up(kernels, step_key, "correlation_id").with_columns(
+            pl.when(pl.col("graph_node_id").is_not_null()).then(pl.col("step")).alias("step"))
         # The captured node's id is its launch order in the graph (exec ids when no capture event).
         order = pl.coalesce("capture_node_id", "graph_node_id")
         kernels = kernels.with_columns(
@@ -122,7 +126,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
         kernels = kernels.with_columns(_period_steps(kernels).alias("step"), pl.col("start").alias("order_key"))
         signature = None
 
-    kernels = kernels.sort("kernel_id").with_columns(
+    kernels = (kernels if kernels["kernel_id"].is_sorted() else kernels.sort("kernel_id")).with_columns(
         pl.col("order_key").rank("ordinal").over("step").cast(pl.Int64).sub(1).alias("launch_rank")
     ).with_columns(
         pl.when(pl.col("step").is_null()).then(

@@ -12,7 +12,7 @@ from k3trace.ingest import Trace
 from k3trace.model.labels import aligned, donor as donor_source, inferred, modules, own, units
 from k3trace.model.labels.donor import LabelDonor
 from k3trace.model.labels.ranges import innermost
-from k3trace.model.labels.rules import rule_family
+from k3trace.model.labels.rules import rule_families
 from k3trace.model.labels.segments import with_segments
 from k3trace.model.labels.summary import (
     ALIGNED_SOURCE, DONOR_SOURCE, GRAPH_SOURCE, INFERRED_SOURCE, MODULE_SOURCE, NVTX_SOURCE, RULE_SOURCE,
@@ -32,8 +32,11 @@ def _fill(out: pl.DataFrame, found: pl.DataFrame, on: list[str], source: str) ->
     if found.is_empty():
         return out
     found = found.select(*on, pl.col("layer").alias("_layer"), pl.col("family").alias("_family")).unique(on)
+    # The join runs on the key columns only (a left join keeps the left order): joining the
+    # whole frame would gather its two dozen columns for three.
+    lent = out.select(on).join(found, on=on, how="left")
     take = pl.col("family").is_null() & pl.col("_family").is_not_null()
-    return out.join(found, on=on, how="left").with_columns(
+    return out.with_columns(lent["_layer"], lent["_family"]).with_columns(
         pl.when(take).then(pl.col("_layer")).otherwise(pl.col("layer")).alias("layer"),
         pl.when(take).then(pl.col("_family")).otherwise(pl.col("family")).alias("family"),
         pl.when(take).then(pl.lit(source)).otherwise(pl.col("label_source")).alias("label_source"),
@@ -110,12 +113,12 @@ def label(trace: Trace, assignment: StepAssignment, cfg: Config, donor: LabelDon
             out = _fill_units(out, guessed, INFERRED_SOURCE)
         out = out.drop("unit")
 
-    rule = rule_family(pl.col("name"), cfg)
-    out = out.with_columns(
+    rule = pl.col("_rule")
+    out = out.with_columns(rule_families(out["name"], cfg).alias("_rule")).with_columns(
         pl.when(pl.col("family").is_null() & rule.is_not_null()).then(pl.lit(RULE_SOURCE))
         .otherwise(pl.col("label_source")).alias("label_source"),
         pl.coalesce("family", rule).alias("family"),
-    ).with_columns(
+    ).drop("_rule").with_columns(
         pl.col("label_source").fill_null(UNLABELLED),
         pl.col("family").fill_null(UNLABELLED),
     )

@@ -17,3 +17,11 @@ def rule_family(names: pl.Expr, cfg: Config) -> pl.Expr:
     for rule in reversed(cfg.name_rules):  # first matching rule wins
         expr = pl.when(names.str.contains(rule.pattern)).then(pl.lit(rule.family)).otherwise(expr)
     return expr
+
+
+def rule_families(names: pl.Series, cfg: Config) -> pl.Series:
+    """`rule_family` of every name in `names`, matched once per distinct name (a trace has a
+    few hundred names over millions of kernels; each rule is a regular expression)."""
+    distinct = names.unique().drop_nulls()
+    families = pl.select(rule_family(pl.lit(distinct), cfg)).to_series()
+    return names.replace_strict(distinct, families, default=None, return_dtype=pl.String).alias("rule_family")

@@ -1,0 +1,75 @@
+"""One measured run, in its own interpreter (bench/harness.py starts it): prints one JSON
+line with `seconds`, the wall time of the work itself (imports excluded). With PYTHONPATH
+set to a reference tree it runs that commit's code: the calls below exist there too.
+
+    child.py fetch EXPORT
+    child.py analyze EXPORT [--cache-dir D] [--json-out FILE]
+    child.py diff OLD NEW [--cache-dir D] [--json-out FILE]
+    child.py ranks REPORT... [--cache-dir D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+#: The floor: Python's sqlite3 fetching the kernel rows an analysis needs.
+KERNEL_QUERY = ("SELECT start, end, streamId, shortName, correlationId, graphNodeId, deviceId, globalPid "
+                "FROM CUPTI_ACTIVITY_KIND_KERNEL")
+
+
+def fetch(export: Path) -> None:
+    con = sqlite3.connect(export)
+    rows = con.execute(KERNEL_QUERY).fetchall()
+    con.close()
+    assert rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=("fetch", "analyze", "diff", "ranks"))
+    p.add_argument("paths", type=Path, nargs="+")
+    p.add_argument("--cache-dir", type=Path)
+    p.add_argument("--json-out", type=Path)
+    args = p.parse_args()
+    if args.what == "fetch":
+        t = time.perf_counter()
+        fetch(args.paths[0])
+        print(json.dumps({"seconds": time.perf_counter() - t}))
+        return
+    from k3trace.config import load_config
+
+    try:  # ingest imports its SQLite driver on first use: start-up cost, measured by bench_startup.py
+        import adbc_driver_sqlite.dbapi  # noqa: F401
+    except ImportError:
+        pass
+    cfg = load_config()
+    if args.what == "analyze":
+        from k3trace.analyses import analyze_report
+
+        import_done = time.perf_counter()
+        result = analyze_report(args.paths[0], cfg, cache_dir=args.cache_dir)
+    elif args.what == "diff":
+        from k3trace.cli import Environment, analyses_of
+        from k3trace.diff import diff
+        from k3trace.ingest import Tools
+
+        import_done = time.perf_counter()
+        old, new = analyses_of(tuple(args.paths[:2]), cfg, Environment(cache_dir=args.cache_dir, tools=Tools()))
+        result = diff([old], [new])
+    else:
+        from k3trace.analyses.ranks import analyze_ranks
+
+        import_done = time.perf_counter()
+        result = analyze_ranks(args.paths, cfg, cache_dir=args.cache_dir)
+    seconds = time.perf_counter() - import_done
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(result.to_json(), indent=1, sort_keys=True))
+    print(json.dumps({"seconds": seconds}))
+
+
+if __name__ == "__main__":
+    main()
