@@ -192,6 +192,12 @@ def attn_res(B: int, calls: int, n_rows: int) -> dict[str, float]:
     res = {f"score + combine, {n_rows} rows": per_call_us(
         lambda i: (A.attn_res_score(bank, n_rows, query, scores),
                    A.attn_res_combine(bank, n_rows, scores, gamma, out)), calls)}
+    for name, dot, early in (("attn_res_dot", True, False), ("attn_res_early_rows", False, True),
+                             ("attn_res_dot+attn_res_early_rows", True, True)):
+        res[name] = per_call_us(
+            lambda i, dot=dot, early=early: (
+                A.attn_res_score(bank, n_rows, query, scores, gram_dot=dot, early_rows=early),
+                A.attn_res_combine(bank, n_rows, scores, gamma, out, one_shot=dot, early_rows=early)), calls)
     if hasattr(A, "attn_res_fused"):
         counter = A.alloc_attn_res_counter(bank.device)
         res["attn_res_fused"] = per_call_us(
@@ -287,14 +293,20 @@ def grouped_sweep(B: int, calls: int) -> dict[str, dict]:
     return res
 
 
-#: change -> (layers it applies to at full depth, the case's old and new keys)
+#: change -> (layers it applies to at full depth, the case's old and new keys); the case is
+#: the change's own unless CASE_OF names another.
 SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
                            "router_fork: [router GEMV -> router -> align] || rest of front"),
            "mla_combine_wide": (24, "combine", "mla_combine_wide"),
            "attn_res_fused": (186, "score + combine", "attn_res_fused"),
+           "attn_res_dot": (186, "score + combine", "attn_res_dot"),
+           "attn_res_early_rows": (186, "attn_res_dot", "attn_res_dot+attn_res_early_rows"),
            "fmha_short_splits": (24, "fmha + wide combine", "fmha_short_splits"),
            "router_align_fused": (92, "router -> align", "router_align_fused"),
            "mlp_residual_folded": (92, "add3 -> score", "mlp_residual_folded")}
+
+
+CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused"}
 
 
 def main() -> int:
@@ -325,7 +337,7 @@ def main() -> int:
             print(f"grouped {name}: default {r['default_us']:.2f} us, best {r['best_us']:.2f} us at {r['best_config']}")
     print("standalone saving x layers (full depth; attn_res at 8 bank rows):")
     for name, (layers, old, new) in SAVINGS.items():
-        res = cases[name]
+        res = cases[CASE_OF.get(name, name)]
         o = next((v for k, v in res.items() if k.startswith(old)), None)
         n = next((v for k, v in res.items() if k.startswith(new)), None)
         if o is None or n is None:

@@ -486,10 +486,13 @@ class K3Decode:
                              self.attn_res_scores, w.gamma, s.x, addend=addend, eps=cfg.norm_eps,
                              counter=self.attn_res_counter, sm_count=cfg.sm_count)
                 return
+            v = self.variant
             self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
-                         addend=addend, addend2=addend2)
+                         addend=addend, addend2=addend2, gram_dot=v.attn_res_dot,
+                         early_rows=v.attn_res_early_rows)
             self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.attn_res_scores,
-                         w.gamma, s.x, eps=cfg.norm_eps)
+                         w.gamma, s.x, eps=cfg.norm_eps, one_shot=v.attn_res_dot,
+                         early_rows=v.attn_res_early_rows)
 
     def _kda(self, l: int, w: KDALayer) -> None:
         cfg, s, v = self.cfg, self.s, self.variant

@@ -31,6 +31,8 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "router_align_fused": ("router_align_fused", True),   # seed 003
     "mlp_residual_folded": ("mlp_residual_folded", True),  # seed 003
     "pdl_early_trigger": ("pdl_early_trigger", True),      # seed 000's early trigger, everywhere
+    "attn_res_dot": ("attn_res_dot", True),
+    "attn_res_early_rows": ("attn_res_early_rows", True),  # seed 000's loads before the wait
 }
 
 DELAY_PREFIX = "delay"
@@ -53,6 +55,8 @@ class Variant:
     router_align_fused: bool = False  # B = 1: the router writes the align's segments itself
     mlp_residual_folded: bool = False  # MLP output added in the next layer's pre-attention score
     pdl_early_trigger: bool = False  # every Triton kernel triggers its dependents after its wait
+    attn_res_dot: bool = False       # attn_res Gram matrix by tl.dot; combine loads in one shot
+    attn_res_early_rows: bool = False  # attn_res bank rows but the last load before the PDL wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

@@ -49,12 +49,12 @@ NORM_SEPARATE_KERNEL_TOL = 5e-3  # the first KDA layer's output
 BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_multipass",
            "delay:kda_step_kernel:2000", "situ_fused", "attn_res_fused",
            "attn_res_fused+residual_separate", "router_align_fused", "mlp_residual_folded",
-           "mlp_residual_folded+residual_separate", "pdl_early_trigger"]
+           "mlp_residual_folded+residual_separate", "pdl_early_trigger", "attn_res_early_rows"]
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
-NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits"]
+NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot"]
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
-                     "pdl_early_trigger"])
+                     "pdl_early_trigger", "attn_res_early_rows"])
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:

@@ -127,6 +127,62 @@ def test_attn_res_folded_vs_separate(n_rows):
     _folded_vs_separate(2, 700, n_rows, 3)
 
 
+def _aggregate(bank, n_rows, query, gamma, *, addend=None, addend2=None, dot=False, early=False):
+    """Score + combine on copies: (bank after, scores, out); `dot` / `early` are the
+    variants attn_res_dot / attn_res_early_rows."""
+    bank = bank.clone()
+    scores = attn_res.alloc_attn_res_scores(bank)
+    out = torch.empty(bank.shape[1], bank.shape[2], device=DEV, dtype=BF)
+    attn_res.attn_res_score(bank, n_rows, query, scores, addend=addend, addend2=addend2,
+                            gram_dot=dot, early_rows=early)
+    attn_res.attn_res_combine(bank, n_rows, scores, gamma, out, one_shot=dot, early_rows=early)
+    return bank, scores, out
+
+
+def _dot_vs_reference(B, H, n_rows, folded, seed):
+    bank, query, gamma, addend = _attn_res_inputs(B, H, seed)
+    adds = [addend, randn(gen(seed + 1), B, H)][:folded]
+    after, scores, out = _aggregate(bank, n_rows, query, gamma, dot=True,
+                                    **dict(zip(("addend", "addend2"), adds)))
+    ref_bank = bank.clone()
+    if adds:  # add3's order: the addends first, then the partial; one rounding
+        ref_bank[n_rows - 1] = (sum(a.float() for a in adds) + bank[n_rows - 1].float()).to(BF)
+    exact(after, ref_bank)
+    ref_logits, _ = R.ref_attn_res_score(ref_bank, n_rows, query)
+    close(attn_res.attn_res_logits(scores, n_rows, H), ref_logits, atol=1e-4, rtol=1e-4)
+    ref_out, _ = R.ref_attn_res(ref_bank, n_rows, query, gamma)
+    close(out, ref_out)
+    # the layout the combine reads: columns past the query dot stay zero, as the loop stores
+    assert torch.count_nonzero(scores[..., attn_res.attn_res_scores_shape(B, H)[2] + 1:]) == 0
+
+
+def _early_vs_late(B, H, n_rows, dot, seed):
+    bank, query, gamma, addend = _attn_res_inputs(B, H, seed)
+    addend2 = randn(gen(seed + 1), B, H)
+    for adds in ({}, {"addend": addend}, {"addend": addend, "addend2": addend2}):
+        late = _aggregate(bank, n_rows, query, gamma, **adds, dot=dot)
+        early = _aggregate(bank, n_rows, query, gamma, **adds, dot=dot, early=True)
+        for a, b in zip(late, early):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n_rows", [1, 3, 8])
+@pytest.mark.parametrize("folded", [0, 1, 2])
+def test_attn_res_dot(n_rows, folded):
+    """Variant attn_res_dot (Gram matrix by tl.dot, one-shot combine loads) vs the float64
+    reference: logits 1e-4, out bf16 2e-2, the folded partial exact. H = 1000: two chunks
+    and a masked tail; `folded` addends (0, the residual, add3's two)."""
+    _dot_vs_reference(3, 1000, n_rows, folded, 31)
+
+
+@pytest.mark.parametrize("n_rows", [1, 2, 8])
+@pytest.mark.parametrize("dot", [False, True])
+def test_attn_res_early_rows_bitwise(n_rows, dot):
+    """Variant attn_res_early_rows moves loads before the PDL wait and changes no arithmetic:
+    bank, partials and output bit for bit, with and without the folded addends."""
+    _early_vs_late(2, 1100, n_rows, dot, 33)
+
+
 INT32_MIN = -2 ** 31
 
 
@@ -536,7 +592,7 @@ def fake_launch(kernel, grid, *args, delay_ns=0, **meta):
     calls.append((kernel, args, meta))
 for m in (attn_res, gemv, kda, mla, moe, norm):
     m.launch = fake_launch
-mla.DOT_F32 = moe.DOT_F32 = gemv.DOT_F32 = False
+mla.DOT_F32 = moe.DOT_F32 = gemv.DOT_F32 = attn_res.DOT_F32 = False
 
 BF, F32, I32 = torch.bfloat16, torch.float32, torch.int32
 def e(*shape, dt=BF):
@@ -549,6 +605,11 @@ for B in (1, 8, 64):
     attn_res.attn_res_score(bank, 5, e(H), sc); attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H))
     attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H), addend2=e(B, H))
     attn_res.attn_res_combine(bank, 5, sc, e(H), e(B, H))
+    for dot, early in ((True, False), (False, True), (True, True)):  # attn_res_dot, _early_rows
+        attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H), addend2=e(B, H), gram_dot=dot,
+                                early_rows=early)
+        attn_res.attn_res_score(bank, 5, e(H), sc, gram_dot=dot, early_rows=early)
+        attn_res.attn_res_combine(bank, 5, sc, e(H), e(B, H), one_shot=dot, early_rows=early)
     ctr = e(1, dt=I32)  # meta: 132 SMs assumed, so B = 64 records the pair (fallback)
     attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), counter=ctr)
     attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), addend=e(B, H), counter=ctr)
@@ -678,6 +739,18 @@ BATCHES = [1, 8, 64]
 def test_gpu_attn_res_k3(B):
     for n_rows in (1, 4, 8):
         _folded_vs_separate(B, 7168, n_rows, 20 + n_rows)
+
+
+@gpu_only
+@pytest.mark.parametrize("B", BATCHES)
+def test_gpu_attn_res_dot_k3(B):
+    """attn_res_dot against the reference and attn_res_early_rows bit for bit, compiled, at
+    the K3 shapes (with PDL: the early loads really precede the wait here)."""
+    for n_rows in (1, 4, 8):
+        for folded in (0, 1, 2):
+            _dot_vs_reference(B, 7168, n_rows, folded, 60 + n_rows)
+        for dot in (False, True):
+            _early_vs_late(B, 7168, n_rows, dot, 70 + n_rows)
 
 
 @gpu_only

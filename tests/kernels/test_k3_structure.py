@@ -129,6 +129,7 @@ def test_baseline_counts():
     ("attn_res_fused", -186),           # one launch per aggregation, not two
     ("router_align_fused", -92),        # the align launch (B = 1)
     ("mlp_residual_folded", -92),       # add3 / residual_add of layers 1..92 (93 keeps its add)
+    ("attn_res_dot", 0), ("attn_res_early_rows", 0),  # the same two kernels, other code inside
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))

@@ -58,8 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.k3.ops.common import (INTERPRET, cdiv, launch, next_pow2, pdl_trigger, pdl_wait, spin,
-                                   to_dtype)
+from kernels.k3.ops.common import (DOT_F32, INTERPRET, cdiv, dot, launch, next_pow2, pdl_trigger, pdl_wait,
+                                   spin, to_dtype)
 
 EPS = 1e-6
 
@@ -84,6 +84,8 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
                           stride_br, stride_bb, stride_ab, stride_ab2,
                           R: tl.constexpr, W: tl.constexpr, BLOCK_H: tl.constexpr,
                           HAS_ADDEND: tl.constexpr, HAS_ADDEND2: tl.constexpr,
+                          GRAM_DOT: tl.constexpr, EARLY_ROWS: tl.constexpr, T: tl.constexpr,
+                          DOT_F32: tl.constexpr,
                           USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     c = tl.program_id(1)
@@ -92,15 +94,35 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
     hm = hs < H
     rs = tl.arange(0, R)
     ws = tl.arange(0, W)
-    q = tl.load(query + hs, mask=hm, other=0.0).to(tl.float32)  # a weight: before the wait
-    # Bank rows wait too: at a block boundary the previous kernel wrote the row that is
-    # now the last completed block, so no row is safe to read early.
-    pdl_wait(USE_PDL)
+    q = tl.load(query + hs, mask=hm, other=0.0)  # a weight: before the wait
     last = n_rows - 1
     n_old = n_rows - 1 if HAS_ADDEND else n_rows
     base = bank + b.to(tl.int64) * stride_bb
-    x = tl.load(base + rs[:, None] * stride_br + hs[None, :],
-                mask=(rs[:, None] < n_old) & hm[None, :], other=0.0).to(tl.float32)
+    if GRAM_DOT:
+        # Variant attn_res_dot: a [T, BLOCK_H] bf16 tile, rows 0..R-1 the bank rows, row R the
+        # query, so one tensor-core product X X^T holds the Gram matrix and (column R) the
+        # query dots: the same layout as the reduction loop below stores, in one MMA chain
+        # instead of n_rows cross-warp reductions (6 us of the 9.6 us aggregation at B = 1).
+        ts = tl.arange(0, T)
+        row_ptr = base + ts[:, None] * stride_br + hs[None, :]
+    else:
+        ts = rs
+        row_ptr = base + rs[:, None] * stride_br + hs[None, :]
+    if EARLY_ROWS:
+        # Variant attn_res_early_rows: only the previous kernel can have written the last row
+        # (the partial: o_proj, add3, residual_add); every other row was written two or more
+        # kernels back, which had completed before the previous kernel passed its own wait,
+        # so they load before ours (from L2: .cg, never a stale L1 line).
+        x = tl.load(row_ptr, mask=(ts[:, None] < n_rows - 1) & hm[None, :], other=0.0, cache_modifier=".cg")
+        pdl_wait(USE_PDL)
+        if not HAS_ADDEND:
+            x = tl.where(ts[:, None] == last,
+                         tl.load(base + last * stride_br + hs, mask=hm, other=0.0)[None, :], x)
+    else:
+        # Bank rows wait too: at a block boundary the previous kernel wrote the row that is
+        # now the last completed block.
+        pdl_wait(USE_PDL)
+        x = tl.load(row_ptr, mask=(ts[:, None] < n_old) & hm[None, :], other=0.0)
     if HAS_ADDEND:
         pp = base + last * stride_br + hs
         add = tl.load(addend + b.to(tl.int64) * stride_ab + hs, mask=hm, other=0.0).to(tl.float32)
@@ -110,13 +132,20 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
         part = to_dtype(part, bank.dtype.element_ty)
         tl.store(pp, part, mask=hm)
         # Score the rounded value: exactly what residual_add / add3 + score would read back.
-        x = tl.where(rs[:, None] == last, part.to(tl.float32)[None, :], x)
-    acc = tl.zeros([R, W], dtype=tl.float32)
-    acc = tl.where(ws[None, :] == R, tl.sum(x * q[None, :], 1)[:, None], acc)
-    for s in range(n_rows):
-        xs = tl.sum(tl.where(rs[:, None] == s, x, 0.0), 0)  # row s (exact: one non-zero term)
-        acc = tl.where(ws[None, :] == s, tl.sum(x * xs[None, :], 1)[:, None], acc)
-    tl.store(scores + ((b * nc + c) * R + rs[:, None]) * W + ws[None, :], acc)
+        x = tl.where(ts[:, None] == last, part[None, :], x)
+    if GRAM_DOT:
+        x = tl.where(ts[:, None] == R, q[None, :], x)
+        G = dot(x, tl.trans(x), tl.zeros([T, T], dtype=tl.float32), DOT_F32)
+        tl.store(scores + ((b * nc + c) * R + ts[:, None]) * W + ts[None, :], G,
+                 mask=(ts[:, None] < R) & (ts[None, :] < W))
+    else:
+        x = x.to(tl.float32)
+        acc = tl.zeros([R, W], dtype=tl.float32)
+        acc = tl.where(ws[None, :] == R, tl.sum(x * q.to(tl.float32)[None, :], 1)[:, None], acc)
+        for s in range(n_rows):
+            xs = tl.sum(tl.where(rs[:, None] == s, x, 0.0), 0)  # row s (exact: one non-zero term)
+            acc = tl.where(ws[None, :] == s, tl.sum(x * xs[None, :], 1)[:, None], acc)
+        tl.store(scores + ((b * nc + c) * R + rs[:, None]) * W + ws[None, :], acc)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
 
@@ -125,6 +154,7 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
 def attn_res_combine_kernel(bank, scores, gamma, out, n_rows, H, NC,
                             stride_br, stride_bb, stride_ob, eps,
                             R: tl.constexpr, W: tl.constexpr, BLOCK_H: tl.constexpr,
+                            ONE_SHOT: tl.constexpr, EARLY_ROWS: tl.constexpr, NCP: tl.constexpr,
                             USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     c = tl.program_id(1)
@@ -133,10 +163,30 @@ def attn_res_combine_kernel(bank, scores, gamma, out, n_rows, H, NC,
     rs = tl.arange(0, R)
     ws = tl.arange(0, W)
     g = tl.load(gamma + hs, mask=hm, other=0.0).to(tl.float32)  # a weight: before the wait
+    base = bank + b.to(tl.int64) * stride_bb + hs
+    last = n_rows - 1
+    if EARLY_ROWS:
+        # As in the score kernel: only the last row (the partial the score kernel may have
+        # just added to) is the previous kernel's; the others load before the wait.
+        x = tl.load(base[None, :] + rs[:, None] * stride_br, mask=(rs[:, None] < last) & hm[None, :],
+                    other=0.0, cache_modifier=".cg").to(tl.float32)
     pdl_wait(USE_PDL)
-    G = tl.zeros([R, W], dtype=tl.float32)
-    for i in range(NC):
-        G += tl.load(scores + ((b * NC + i) * R + rs[:, None]) * W + ws[None, :])
+    if ONE_SHOT:
+        # Variant attn_res_dot: every chunk's partial in one [NCP, R, W] load (one L2 round
+        # trip instead of NC dependent ones).
+        ns = tl.arange(0, NCP)
+        G = tl.sum(tl.load(scores + ((b * NC + ns[:, None, None]) * R + rs[None, :, None]) * W
+                           + ws[None, None, :], mask=ns[:, None, None] < NC, other=0.0), 0)
+    else:
+        G = tl.zeros([R, W], dtype=tl.float32)
+        for i in range(NC):
+            G += tl.load(scores + ((b * NC + i) * R + rs[:, None]) * W + ws[None, :])
+    if EARLY_ROWS:
+        x = tl.where(rs[:, None] == last,
+                     tl.load(base + last * stride_br, mask=hm, other=0.0).to(tl.float32)[None, :], x)
+    elif ONE_SHOT:
+        x = tl.load(base[None, :] + rs[:, None] * stride_br, mask=(rs[:, None] < n_rows) & hm[None, :],
+                    other=0.0).to(tl.float32)
     diag = rs[:, None] == ws[None, :]
     sumsq = tl.sum(tl.where(diag, G, 0.0), 1)
     dots = tl.sum(tl.where(ws[None, :] == R, G, 0.0), 1)
@@ -148,11 +198,15 @@ def attn_res_combine_kernel(bank, scores, gamma, out, n_rows, H, NC,
     p_w = tl.sum(tl.where(diag, p[:, None], 0.0), 0)
     sq = tl.sum(p * tl.sum(G * p_w[None, :], 1), 0)
     rstd = tl.rsqrt(tl.maximum(sq, 0.0) / H + eps)
-    base = bank + b.to(tl.int64) * stride_bb + hs
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for r in range(n_rows):
-        pr = tl.sum(tl.where(rs == r, p, 0.0), 0)
-        acc += pr * tl.load(base + r * stride_br, mask=hm, other=0.0).to(tl.float32)
+    if ONE_SHOT:
+        acc = tl.sum(p[:, None] * x, 0)
+    elif EARLY_ROWS:  # the rows from the tile, in the loop's order: bit for bit the loads below
+        acc = _fused_mix(x, p, n_rows, R, BLOCK_H)
+    else:
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for r in range(n_rows):
+            pr = tl.sum(tl.where(rs == r, p, 0.0), 0)
+            acc += pr * tl.load(base + r * stride_br, mask=hm, other=0.0).to(tl.float32)
     tl.store(out + b.to(tl.int64) * stride_ob + hs, to_dtype(acc * rstd * g, out.dtype.element_ty),
              mask=hm)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
@@ -301,16 +355,20 @@ def _check_bank(bank: torch.Tensor, n_rows: int) -> None:
 
 def attn_res_score(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores: torch.Tensor, *,
                    addend: torch.Tensor | None = None, addend2: torch.Tensor | None = None,
-                   delay_ns: int = 0) -> torch.Tensor:
+                   gram_dot: bool = False, early_rows: bool = False, delay_ns: int = 0) -> torch.Tensor:
     """Partial scores of rows 0..n_rows-1 into `scores`; with `addend`, first
     bank[n_rows-1] += addend in place (the folded residual add), with `addend2` too
-    bank[n_rows-1] += addend + addend2 (add3 folded: variant mlp_residual_folded)."""
+    bank[n_rows-1] += addend + addend2 (add3 folded: variant mlp_residual_folded).
+    `gram_dot` (variant attn_res_dot): the partials by one tensor-core product, same layout,
+    fp32 sums in another order; `early_rows` (variant attn_res_early_rows): every row but
+    the last loads before the PDL wait, same arithmetic."""
     _check_bank(bank, n_rows)
     R_MAX, B, H = bank.shape
     assert scores.shape == attn_res_scores_shape(B, H, R_MAX) and scores.is_contiguous()
     assert scores.dtype == torch.float32 and query.shape == (H,) and query.is_contiguous()
     _, NC, R, W = scores.shape
     assert addend2 is None or addend is not None
+    assert not gram_dot or query.dtype == bank.dtype, "gram_dot: the query joins the bank's bf16 tile"
     for a in (addend, addend2):
         if a is not None:
             assert a.shape == (B, H) and a.stride(1) == 1
@@ -319,13 +377,17 @@ def attn_res_score(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores:
            bank.stride(1), addend.stride(0) if addend is not None else 0,
            addend2.stride(0) if addend2 is not None else 0,
            R=R, W=W, BLOCK_H=_block_h(H), HAS_ADDEND=addend is not None,
-           HAS_ADDEND2=addend2 is not None, num_warps=4, delay_ns=delay_ns)
+           HAS_ADDEND2=addend2 is not None, GRAM_DOT=gram_dot, EARLY_ROWS=early_rows,
+           T=max(16, W), DOT_F32=DOT_F32, num_warps=4, delay_ns=delay_ns)
     return scores
 
 
 def attn_res_combine(bank: torch.Tensor, n_rows: int, scores: torch.Tensor, gamma: torch.Tensor,
-                     out: torch.Tensor, *, eps: float = EPS, delay_ns: int = 0) -> torch.Tensor:
-    """out = RMSNorm(sum_r softmax(score)_r bank[r]) * gamma."""
+                     out: torch.Tensor, *, eps: float = EPS, one_shot: bool = False,
+                     early_rows: bool = False, delay_ns: int = 0) -> torch.Tensor:
+    """out = RMSNorm(sum_r softmax(score)_r bank[r]) * gamma. `one_shot` (variant
+    attn_res_dot): the partials and the rows each in one load, the mix a tree sum;
+    `early_rows`: every row but the last loads before the PDL wait, same arithmetic."""
     _check_bank(bank, n_rows)
     R_MAX, B, H = bank.shape
     assert scores.shape == attn_res_scores_shape(B, H, R_MAX) and scores.is_contiguous()
@@ -334,7 +396,8 @@ def attn_res_combine(bank: torch.Tensor, n_rows: int, scores: torch.Tensor, gamm
     _, NC, R, W = scores.shape
     launch(attn_res_combine_kernel, (B, NC), bank, scores, gamma, out, n_rows, H, NC,
            bank.stride(0), bank.stride(1), out.stride(0), eps,
-           R=R, W=W, BLOCK_H=_block_h(H), num_warps=4, delay_ns=delay_ns)
+           R=R, W=W, BLOCK_H=_block_h(H), ONE_SHOT=one_shot, EARLY_ROWS=early_rows,
+           NCP=next_pow2(NC), num_warps=4, delay_ns=delay_ns)
     return out
 
 
