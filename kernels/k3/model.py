@@ -414,6 +414,12 @@ class K3Decode:
         with self._subop(subop):
             fn(*args, **kwargs, delay_ns=delay)
 
+    def _prefetch(self, weight: torch.Tensor) -> dict:
+        """Variant prefetch:<MB>: the launch asks L2 for the first MB of `weight`, the next
+        GEMM's, while the latency-bound kernels before that GEMM run (common.l2_prefetch)."""
+        mb = self.variant.prefetch_mb
+        return {"prefetch": weight, "prefetch_bytes": mb << 20} if mb else {}
+
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         if P.linear_is_triton(self.cfg, self.variant, subop):
             self._triton(subop, skinny_mm, a, w, out)
@@ -486,10 +492,13 @@ class K3Decode:
                              self.attn_res_scores, w.gamma, s.x, addend=addend, eps=cfg.norm_eps,
                              counter=self.attn_res_counter, sm_count=cfg.sm_count)
                 return
-            v = self.variant
+            v, L = self.variant, self.layers[l]
+            nxt = L.attn.qkvg if isinstance(L.attn, KDALayer) else L.attn.q_a
+            if site == "mlp":
+                nxt = L.mlp.front if isinstance(L.mlp, MoELayer) else L.mlp.gate_up
             self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
                          addend=addend, addend2=addend2, gram_dot=v.attn_res_dot,
-                         early_rows=v.attn_res_early_rows)
+                         early_rows=v.attn_res_early_rows, **self._prefetch(nxt))
             self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.attn_res_scores,
                          w.gamma, s.x, eps=cfg.norm_eps, one_shot=v.attn_res_dot,
                          early_rows=v.attn_res_early_rows)
@@ -504,7 +513,7 @@ class K3Decode:
                 self._triton(P.FAB, gemv, s.x, w.fab_t, s.fab)
                 self._mm(P.F_B, s.fab[:, :cfg.kda_f_rank], w.f_b, s.fb)
             self._triton(P.CONV, kda_conv_silu, s.qkvg, w.conv_state, w.conv_w, self.slot_idx,
-                         s.conv_out)
+                         s.conv_out, **self._prefetch(w.o_proj))
             self._join(side)
             fused = v.kda_norm_fused
             if v.kda_cute:
@@ -604,7 +613,8 @@ class K3Decode:
                 self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.expert_y,
                              top_k=cfg.top_k, x_is_per_token=False)
-            self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat)
+            self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
+                         **self._prefetch(w.up))
             self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
                          cfg.norm_eps)
             self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)

@@ -3,6 +3,7 @@
     parse("baseline")
     parse("no_attn_forks+router_multipass")
     parse("delay:kda_step_kernel:4000")      # the named Triton kernel spins 4 us longer
+    parse("prefetch:24")                     # latency-bound kernels prefetch 24 MB of the next weight
 
 A variant changes scheduling or fusion only, never the math (kernels/README.md); the
 plan test checks that the sub-ops of every variant compute the same things.
@@ -36,6 +37,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
 }
 
 DELAY_PREFIX = "delay"
+PREFETCH_PREFIX = "prefetch"
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Variant:
     pdl_early_trigger: bool = False  # every Triton kernel triggers its dependents after its wait
     attn_res_dot: bool = False       # attn_res Gram matrix by tl.dot; combine loads in one shot
     attn_res_early_rows: bool = False  # attn_res bank rows but the last load before the PDL wait
+    prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 
@@ -64,6 +67,8 @@ class Variant:
     def name(self) -> str:
         """The canonical name; `parse(v.name) == v`."""
         parts = [flag for flag, (field, value) in _FLAGS.items() if getattr(self, field) == value]
+        if self.prefetch_mb:
+            parts.append(f"{PREFETCH_PREFIX}:{self.prefetch_mb}")
         if self.delay_kernel and self.delay_ns:
             parts.append(f"{DELAY_PREFIX}:{self.delay_kernel}:{self.delay_ns}")
         return "+".join(parts) or "baseline"
@@ -82,10 +87,16 @@ BASELINE = Variant()
 
 
 def parse(name: str) -> Variant:
-    """`baseline`, any flag of the table, `delay:<kernel>:<ns>`, joined with `+`."""
+    """`baseline`, any flag of the table, `prefetch:<MB>`, `delay:<kernel>:<ns>`, joined with `+`."""
     v = BASELINE
     for part in (p.strip() for p in (name or "baseline").split("+")):
         if part in ("", "baseline"):
+            continue
+        if part.startswith(PREFETCH_PREFIX + ":"):
+            mb = part[len(PREFETCH_PREFIX) + 1:]
+            if not mb.isdigit() or v.prefetch_mb:
+                raise ValueError(f"bad prefetch {part!r}: expected one prefetch:<MB>, MB a whole number")
+            v = replace(v, prefetch_mb=int(mb))
             continue
         if part.startswith(DELAY_PREFIX + ":"):
             try:
@@ -101,7 +112,7 @@ def parse(name: str) -> Variant:
             continue
         if part not in _FLAGS:
             raise ValueError(f"unknown variant {part!r}; known: baseline, {', '.join(_FLAGS)}, "
-                             f"{DELAY_PREFIX}:<kernel>:<ns>")
+                             f"{PREFETCH_PREFIX}:<MB>, {DELAY_PREFIX}:<kernel>:<ns>")
         field, value = _FLAGS[part]
         v = replace(v, **{field: value})
     return v

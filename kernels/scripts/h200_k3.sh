@@ -48,6 +48,11 @@ C4=$C3+fmha_short_splits
 C5=$C3+router_align_fused
 C6=$C5+mlp_residual_folded
 C7=$C6+pdl_early_trigger
+# Third round (campaign3_test / campaign3_rec): the attention residual's aggregation, then
+# L2 prefetches of the next weight from the latency-bound kernels before it.
+C8=$C7+attn_res_dot
+C9=$C8+attn_res_early_rows
+C10=$C9+prefetch:${PF_MB:-24}
 
 case $phase in
 campaign_test)
@@ -97,6 +102,16 @@ campaign_pdl)  # the early trigger: GPU variant pairs, C6/C7 interleaved, C7 rec
   pack k3_pdl
   timeout 150 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline $C7 \
     --json $OUT/step_pdl_b8_64.json 2>&1 | grep "B=" ;;
+campaign3_test)  # the third round's GPU tests, standalone cases, C7..C10 interleaved, prefetch sizes
+  set -o pipefail
+  timeout 120 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py \
+    -k "attn_res or prefetch" 2>&1 | tee $OUT/gpu_ops.log | tail -2
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "variant_pairs or kernel_nodes" 2>&1 | tee $OUT/gpu_model.log | tail -2
+  timeout 100 python3 bench/bench_k3_ops.py --batch 1 --json $OUT/ops_b1.json 2>&1 | grep -A4 "^attn_res_fused (B"
+  timeout 330 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C7 $C8 $C9 $C10 $C7 $C8 $C9 $C10 $C9+prefetch:12 $C9+prefetch:40 \
+    --json $OUT/step3.json 2>&1 | grep "B=" ;;
 campaign_big)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
     --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;

@@ -156,6 +156,23 @@ def _dot_vs_reference(B, H, n_rows, folded, seed):
     assert torch.count_nonzero(scores[..., attn_res.attn_res_scores_shape(B, H)[2] + 1:]) == 0
 
 
+def test_prefetch_args_cover_the_bytes():
+    """Variant prefetch:<MB>: the programs' chunks cover the asked bytes (16-byte granules,
+    never past the weight); off without a weight or bytes."""
+    dummy = torch.empty(1, device="meta")
+    for shape, nbytes, programs in (((7168, 6016), 24 << 20, 14), ((1536, 7168), 24 << 20, 9),
+                                    ((3584, 7168), 1000, 28), ((3, 5), 24 << 20, 4)):
+        w = torch.empty(shape, dtype=BF, device="meta")
+        a = common.prefetch_args(w, nbytes, programs, dummy)
+        want = min(nbytes, w.numel() * 2) // 16 * 16
+        assert a["pf_bytes"] == want and a["pf"].dtype == torch.uint8
+        chunks = a["PF_CHUNKS"]
+        assert chunks & (chunks - 1) == 0 and chunks * programs * common.PF_CHUNK >= want
+        assert (chunks // 2) * programs * common.PF_CHUNK < want or chunks == 1
+    assert common.prefetch_args(None, 1 << 20, 4, dummy)["PF_CHUNKS"] == 0
+    assert common.prefetch_args(w, 0, 4, dummy)["PF_CHUNKS"] == 0
+
+
 def _early_vs_late(B, H, n_rows, dot, seed):
     bank, query, gamma, addend = _attn_res_inputs(B, H, seed)
     addend2 = randn(gen(seed + 1), B, H)
@@ -610,6 +627,13 @@ for B in (1, 8, 64):
                                 early_rows=early)
         attn_res.attn_res_score(bank, 5, e(H), sc, gram_dot=dot, early_rows=early)
         attn_res.attn_res_combine(bank, 5, sc, e(H), e(B, H), one_shot=dot, early_rows=early)
+    PF = 24 << 20  # variant prefetch:24, at each kernel that carries it
+    attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H), addend2=e(B, H), gram_dot=True,
+                            early_rows=True, prefetch=e(H, 6016), prefetch_bytes=PF)
+    kda.kda_conv_silu(e(B, 6144), e(B, 3, 4608), e(4608, 4), e(B, dt=I32), e(B, 4608),
+                      prefetch=e(1536, H), prefetch_bytes=PF)
+    moe.moe_weighted_sum(e(B * 16, 3584), e(B, 16, dt=F32), e(B, 3584), prefetch=e(3584, H),
+                         prefetch_bytes=PF)
     ctr = e(1, dt=I32)  # meta: 132 SMs assumed, so B = 64 records the pair (fallback)
     attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), counter=ctr)
     attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), addend=e(B, H), counter=ctr)
@@ -657,7 +681,7 @@ for B in (1, 8, 64):
         for (K, N), cfg in [((H, 5120), None), *gemv.SKINNY_CONFIGS.items()]:
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg)
 
-TY = {BF: "bf16", F32: "fp32", I32: "i32", torch.int64: "i64"}
+TY = {BF: "bf16", F32: "fp32", I32: "i32", torch.int64: "i64", torch.uint8: "u8"}
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 seen, bad = set(), []
 # Each kernel in both trigger modes: after the last store (1) and right after the wait (2,
@@ -668,7 +692,7 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
     meta.update(USE_PDL=mode, DELAY_NS=1000)
     sig, consts, attrs = {}, {}, {}
     for i, (name, prm) in enumerate(zip(kernel.arg_names, kernel.params)):
-        v = None if prm.is_constexpr else args[i]
+        v = None if prm.is_constexpr else args[i] if i < len(args) else meta[name]  # runtime kwargs too
         if prm.is_constexpr or v is None or (type(v) is int and v == 1):  # JIT specialises 1
             sig[name], consts[name] = "constexpr", meta[name] if prm.is_constexpr else v
         elif isinstance(v, torch.Tensor):
@@ -696,6 +720,8 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
     regs = re.findall(r"Used (\d+) registers", r.stderr)
     pdl = "griddepcontrol.wait" in ptx and "globaltimer" in ptx
     print(kernel.__name__, "regs", regs, "spills", spills, "smem", k.metadata.shared, "pdl", pdl)
+    if meta.get("PF_CHUNKS"):  # the bulk L2 prefetch survived to the PTX
+        pdl = pdl and "cp.async.bulk.prefetch.L2.global" in ptx
     if kernel.__name__ == "attn_res_fused_kernel":  # the grid barrier's release / acquire
         pdl = pdl and "atom.global.gpu.release" in ptx and ".gpu.acquire" in ptx
     if r.returncode or spills or not pdl:

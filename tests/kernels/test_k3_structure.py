@@ -13,7 +13,7 @@ from kernels.k3.config import FULL_DEPTH, K3Config, tiny_config
 from kernels.k3.variants import BASELINE, Variant, known_flags, parse
 
 FULL = K3Config()
-ALL_VARIANTS = ["baseline", *known_flags(), "delay:kda_step_kernel:4000",
+ALL_VARIANTS = ["baseline", *known_flags(), "delay:kda_step_kernel:4000", "prefetch:24",
                 "no_attn_forks+kda_norm_separate+residual_separate+router_multipass"]
 
 
@@ -130,6 +130,7 @@ def test_baseline_counts():
     ("router_align_fused", -92),        # the align launch (B = 1)
     ("mlp_residual_folded", -92),       # add3 / residual_add of layers 1..92 (93 keeps its add)
     ("attn_res_dot", 0), ("attn_res_early_rows", 0),  # the same two kernels, other code inside
+    ("prefetch:24", 0),                 # prefetches ride in launches the step already has
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))

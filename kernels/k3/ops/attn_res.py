@@ -58,8 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.k3.ops.common import (DOT_F32, INTERPRET, cdiv, dot, launch, next_pow2, pdl_trigger, pdl_wait,
-                                   spin, to_dtype)
+from kernels.k3.ops.common import (DOT_F32, INTERPRET, cdiv, dot, l2_prefetch, launch, next_pow2,
+                                   pdl_trigger, pdl_wait, prefetch_args, spin, to_dtype)
 
 EPS = 1e-6
 
@@ -81,11 +81,11 @@ def alloc_attn_res_scores(bank: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
-                          stride_br, stride_bb, stride_ab, stride_ab2,
+                          stride_br, stride_bb, stride_ab, stride_ab2, pf, pf_bytes,
                           R: tl.constexpr, W: tl.constexpr, BLOCK_H: tl.constexpr,
                           HAS_ADDEND: tl.constexpr, HAS_ADDEND2: tl.constexpr,
                           GRAM_DOT: tl.constexpr, EARLY_ROWS: tl.constexpr, T: tl.constexpr,
-                          DOT_F32: tl.constexpr,
+                          DOT_F32: tl.constexpr, PF_CHUNKS: tl.constexpr,
                           USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     c = tl.program_id(1)
@@ -123,6 +123,7 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
         # now the last completed block.
         pdl_wait(USE_PDL)
         x = tl.load(row_ptr, mask=(ts[:, None] < n_old) & hm[None, :], other=0.0)
+    l2_prefetch(pf, pf_bytes, PF_CHUNKS)  # the next GEMM's weight (variant prefetch:<MB>)
     if HAS_ADDEND:
         pp = base + last * stride_br + hs
         add = tl.load(addend + b.to(tl.int64) * stride_ab + hs, mask=hm, other=0.0).to(tl.float32)
@@ -355,13 +356,16 @@ def _check_bank(bank: torch.Tensor, n_rows: int) -> None:
 
 def attn_res_score(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores: torch.Tensor, *,
                    addend: torch.Tensor | None = None, addend2: torch.Tensor | None = None,
-                   gram_dot: bool = False, early_rows: bool = False, delay_ns: int = 0) -> torch.Tensor:
+                   gram_dot: bool = False, early_rows: bool = False,
+                   prefetch: torch.Tensor | None = None, prefetch_bytes: int = 0,
+                   delay_ns: int = 0) -> torch.Tensor:
     """Partial scores of rows 0..n_rows-1 into `scores`; with `addend`, first
     bank[n_rows-1] += addend in place (the folded residual add), with `addend2` too
     bank[n_rows-1] += addend + addend2 (add3 folded: variant mlp_residual_folded).
     `gram_dot` (variant attn_res_dot): the partials by one tensor-core product, same layout,
     fp32 sums in another order; `early_rows` (variant attn_res_early_rows): every row but
-    the last loads before the PDL wait, same arithmetic."""
+    the last loads before the PDL wait, same arithmetic. `prefetch`: the first
+    `prefetch_bytes` of this weight into L2 (variant prefetch:<MB>; common.l2_prefetch)."""
     _check_bank(bank, n_rows)
     R_MAX, B, H = bank.shape
     assert scores.shape == attn_res_scores_shape(B, H, R_MAX) and scores.is_contiguous()
@@ -376,7 +380,7 @@ def attn_res_score(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores:
            addend2 if addend2 is not None else bank, query, scores, n_rows, H, bank.stride(0),
            bank.stride(1), addend.stride(0) if addend is not None else 0,
            addend2.stride(0) if addend2 is not None else 0,
-           R=R, W=W, BLOCK_H=_block_h(H), HAS_ADDEND=addend is not None,
+           **prefetch_args(prefetch, prefetch_bytes, B * NC, scores), R=R, W=W, BLOCK_H=_block_h(H), HAS_ADDEND=addend is not None,
            HAS_ADDEND2=addend2 is not None, GRAM_DOT=gram_dot, EARLY_ROWS=early_rows,
            T=max(16, W), DOT_F32=DOT_F32, num_warps=4, delay_ns=delay_ns)
     return scores

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+import torch
 import triton
 import triton.language as tl
 
@@ -101,6 +102,42 @@ def tanh(x):
     p = ax * (1.0 - x2 * (0.3333333333333333 - x2 * (0.13333333333333333 - x2 * 0.05396825396825397)))
     t = tl.where(ax < 0.125, p, t)
     return tl.where(x < 0, -t, t)
+
+
+#: Bytes per bulk L2 prefetch instruction (variant prefetch:<MB>).
+PF_CHUNK = 16384
+PF_CHUNK_C: tl.constexpr = tl.constexpr(PF_CHUNK)
+
+
+@triton.jit
+def l2_prefetch(pf, pf_bytes, PF_CHUNKS: tl.constexpr):
+    """Variant prefetch:<MB>: a latency-bound kernel asks L2 for the first `pf_bytes` of the
+    weight the next GEMM streams, so HBM works while the chain it sits in waits on
+    latency. Each program issues PF_CHUNKS consecutive PF_CHUNK-byte bulk prefetches
+    (cp.async.bulk.prefetch, sm_90): fire and forget, a hint with no result and no effect
+    on any value, so the kernel neither waits for them nor orders anything after them.
+    `pf` is the weight's bytes (uint8). Compiled out with PF_CHUNKS = 0 and under the
+    interpreter."""
+    if PF_CHUNKS > 0 and not INTERPRET_C:
+        pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        offs = (pid * PF_CHUNKS + tl.arange(0, PF_CHUNKS)).to(tl.int64) * PF_CHUNK_C
+        size = tl.minimum(tl.maximum(pf_bytes - offs, 0), PF_CHUNK_C).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
+            "mov.u32 $0, 0; }",
+            "=r,l,r", [pf + offs, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def prefetch_args(weight, nbytes: int, programs: int, dummy) -> dict:
+    """The kernel arguments of `l2_prefetch` for the first `nbytes` of `weight` (contiguous)
+    split over `programs` programs; `weight=None` or nbytes <= 0: off (`dummy` fills the
+    pointer). Sizes round down to 16 bytes, the bulk prefetch's granule."""
+    if weight is None or nbytes <= 0:
+        return dict(pf=dummy, pf_bytes=0, PF_CHUNKS=0)
+    assert weight.is_contiguous()
+    nbytes = min(nbytes, weight.numel() * weight.element_size()) // 16 * 16
+    chunks = cdiv(cdiv(nbytes, PF_CHUNK), programs)
+    return dict(pf=weight.view(-1).view(torch.uint8), pf_bytes=nbytes, PF_CHUNKS=next_pow2(chunks))
 
 
 _trigger = PDL_LATE

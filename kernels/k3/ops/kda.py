@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.k3.ops.common import cdiv, launch, next_pow2, pdl_trigger, pdl_wait, spin, to_dtype
+from kernels.k3.ops.common import (cdiv, l2_prefetch, launch, next_pow2, pdl_trigger, pdl_wait, prefetch_args,
+                                   spin, to_dtype)
 
 EPS = 1e-6
 L2_EPS = 1e-6
@@ -35,8 +36,8 @@ SPLIT_BV = 32      # unfused step: V split in 4 -> 48 programs at B = 1
 # --------------------------------------------------------------------------------------
 @triton.jit
 def kda_conv_silu_kernel(qkvg, conv_state, conv_w, slot_idx, out, C,
-                         stride_x, stride_ss, stride_sj, stride_out,
-                         BLOCK: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+                         stride_x, stride_ss, stride_sj, stride_out, pf, pf_bytes,
+                         BLOCK: tl.constexpr, PF_CHUNKS: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     cs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     cm = cs < C
@@ -52,6 +53,7 @@ def kda_conv_silu_kernel(qkvg, conv_state, conv_w, slot_idx, out, C,
     w3 = tl.load(conv_w + cs * 4 + 3, mask=cm, other=0.0).to(tl.float32)
     pdl_wait(USE_PDL)
     x = tl.load(qkvg + b.to(tl.int64) * stride_x + cs, mask=cm, other=0.0)
+    l2_prefetch(pf, pf_bytes, PF_CHUNKS)  # o_proj's weight, read after kda_step (prefetch:<MB>)
     acc = w0 * s0.to(tl.float32) + w1 * s1.to(tl.float32) + w2 * s2.to(tl.float32) \
         + w3 * x.to(tl.float32)
     # Each program owns its channels of this slot's window: the in-place shift cannot race.
@@ -65,8 +67,10 @@ def kda_conv_silu_kernel(qkvg, conv_state, conv_w, slot_idx, out, C,
 
 
 def kda_conv_silu(qkvg: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor,
-                  slot_idx: torch.Tensor, out: torch.Tensor, *, delay_ns: int = 0) -> torch.Tensor:
-    """out = SiLU(causal depthwise conv4 over [window, new]); the window shifts in place."""
+                  slot_idx: torch.Tensor, out: torch.Tensor, *, prefetch: torch.Tensor | None = None,
+                  prefetch_bytes: int = 0, delay_ns: int = 0) -> torch.Tensor:
+    """out = SiLU(causal depthwise conv4 over [window, new]); the window shifts in place.
+    `prefetch`: the first `prefetch_bytes` of this weight into L2 (common.l2_prefetch)."""
     B = qkvg.shape[0]
     _, taps, C = conv_state.shape
     assert taps == 3 and conv_w.shape == (C, 4) and conv_w.is_contiguous()
@@ -74,7 +78,7 @@ def kda_conv_silu(qkvg: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Te
     assert out.shape == (B, C) and out.stride(1) == 1 and slot_idx.shape == (B,)
     launch(kda_conv_silu_kernel, (B, cdiv(C, CONV_BLOCK)), qkvg, conv_state, conv_w, slot_idx,
            out, C, qkvg.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0),
-           BLOCK=CONV_BLOCK, num_warps=4, delay_ns=delay_ns)
+           **prefetch_args(prefetch, prefetch_bytes, B * cdiv(C, CONV_BLOCK), out), BLOCK=CONV_BLOCK, num_warps=4, delay_ns=delay_ns)
     return out
 
 

@@ -27,10 +27,12 @@ from kernels.k3.ops.common import (
     DOT_F32,
     cdiv,
     dot,
+    l2_prefetch,
     launch,
     next_pow2,
     pdl_trigger,
     pdl_wait,
+    prefetch_args,
     spin,
     tanh,
     to_dtype,
@@ -373,8 +375,9 @@ def situ_mul(gu: torch.Tensor, out: torch.Tensor, *, delay_ns: int = 0) -> torch
 
 
 @triton.jit
-def moe_weighted_sum_kernel(y, topk_w, out, N, stride_y, stride_out,
+def moe_weighted_sum_kernel(y, topk_w, out, N, stride_y, stride_out, pf, pf_bytes,
                             TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+                            PF_CHUNKS: tl.constexpr,
                             USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     ns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -383,6 +386,7 @@ def moe_weighted_sum_kernel(y, topk_w, out, N, stride_y, stride_out,
     # The router wrote the weights several kernels ago: read them before the wait.
     wv = tl.load(topk_w + b * TOP_K + kk, mask=kk < TOP_K, other=0.0)
     pdl_wait(USE_PDL)
+    l2_prefetch(pf, pf_bytes, PF_CHUNKS)  # the up GEMM's weight (variant prefetch:<MB>)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for k in range(TOP_K):
         wk = tl.sum(tl.where(kk == k, wv, 0.0), 0)
@@ -393,13 +397,16 @@ def moe_weighted_sum_kernel(y, topk_w, out, N, stride_y, stride_out,
 
 
 def moe_weighted_sum(y: torch.Tensor, topk_w: torch.Tensor, out: torch.Tensor, *,
+                     prefetch: torch.Tensor | None = None, prefetch_bytes: int = 0,
                      delay_ns: int = 0) -> torch.Tensor:
-    """out[b] = sum_k topk_w[b, k] * y[b * top_k + k] (fp32, in k order)."""
+    """out[b] = sum_k topk_w[b, k] * y[b * top_k + k] (fp32, in k order). `prefetch`: the
+    first `prefetch_bytes` of this weight into L2 (common.l2_prefetch)."""
     B, K = topk_w.shape
     P, N = y.shape
     assert P == B * K and out.shape == (B, N) and topk_w.is_contiguous()
     assert y.stride(1) == 1 and out.stride(1) == 1 and topk_w.dtype == torch.float32
     launch(moe_weighted_sum_kernel, (B, cdiv(N, ELT_BLOCK)), y, topk_w, out, N, y.stride(0),
-           out.stride(0), TOP_K=K, KP=next_pow2(K), BLOCK=ELT_BLOCK, num_warps=4,
+           out.stride(0), **prefetch_args(prefetch, prefetch_bytes, B * cdiv(N, ELT_BLOCK), out),
+           TOP_K=K, KP=next_pow2(K), BLOCK=ELT_BLOCK, num_warps=4,
            delay_ns=delay_ns)
     return out
