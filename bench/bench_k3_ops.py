@@ -205,6 +205,51 @@ def attn_res(B: int, calls: int, n_rows: int) -> dict[str, float]:
     return res
 
 
+def attn_res_rows(B: int, calls: int) -> dict[str, float]:
+    """attn_res_dot against the pair at every bank row count 1..8 (the old score loops over
+    the rows, the new one does not), for the saving weighted by the step's row counts."""
+    from kernels.k3.ops import attn_res as A
+
+    H = 7168
+    g = torch.Generator(device="cuda").manual_seed(2)
+    bank = torch.randn(8, B, H, device="cuda", dtype=BF, generator=g)
+    query = torch.randn(H, device="cuda", dtype=BF, generator=g)
+    gamma = torch.randn(H, device="cuda", dtype=BF, generator=g)
+    scores = A.alloc_attn_res_scores(bank)
+    out = torch.empty(B, H, device="cuda", dtype=BF)
+    res = {}
+    for n in range(1, 9):
+        for key, dot in (("pair", False), ("attn_res_dot", True)):
+            res[f"{key}, {n} rows"] = per_call_us(
+                lambda i, n=n, dot=dot: (A.attn_res_score(bank, n, query, scores, gram_dot=dot),
+                                         A.attn_res_combine(bank, n, scores, gamma, out, one_shot=dot)), calls)
+    return res
+
+
+def moe_tail(B: int, calls: int) -> dict[str, float]:
+    """The MoE tail at one token: weighted sum -> latent RMSNorm -> up GEMM (skinny), or the
+    up GEMM forming its operand itself (moe_tail_fused). Up weights rotate past the L2."""
+    from kernels.k3.ops.gemv import skinny_mm, skinny_mm_mixnorm
+    from kernels.k3.ops.moe import moe_weighted_sum
+    from kernels.k3.ops.norm import rmsnorm
+
+    if B != 1:
+        return {}
+    K, N, E = 3584, 7168, 16
+    g = torch.Generator(device="cuda").manual_seed(8)
+    y = torch.randn(E, K, device="cuda", dtype=BF, generator=g)
+    wts = torch.rand(1, E, device="cuda", dtype=F32, generator=g)
+    gamma = torch.randn(K, device="cuda", dtype=BF, generator=g)
+    ups = [torch.randn(K, N, device="cuda", dtype=BF, generator=g) for _ in range(_copies(K * N * 2))]
+    lat, lat_n = torch.empty(1, K, device="cuda", dtype=BF), torch.empty(1, K, device="cuda", dtype=BF)
+    out = torch.empty(1, N, device="cuda", dtype=BF)
+    return {"weighted sum -> norm -> up": per_call_us(
+                lambda i: (moe_weighted_sum(y, wts, lat), rmsnorm(lat, gamma, lat_n),
+                           skinny_mm(lat_n, ups[i % len(ups)], out)), calls),
+            "moe_tail_fused": per_call_us(lambda i: skinny_mm_mixnorm(y, wts, gamma, ups[i % len(ups)], out),
+                                          calls)}
+
+
 def _copies(nbytes: int) -> int:
     return max(2, -(-240_000_000 // nbytes))  # > 4x the L2 in flight across the calls
 
@@ -301,6 +346,7 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "attn_res_fused": (186, "score + combine", "attn_res_fused"),
            "attn_res_dot": (186, "score + combine", "attn_res_dot"),
            "attn_res_early_rows": (186, "attn_res_dot", "attn_res_dot+attn_res_early_rows"),
+           "moe_tail_fused": (92, "weighted sum -> norm -> up", "moe_tail_fused"),
            "fmha_short_splits": (24, "fmha + wide combine", "fmha_short_splits"),
            "router_align_fused": (92, "router -> align", "router_align_fused"),
            "mlp_residual_folded": (92, "add3 -> score", "mlp_residual_folded")}
@@ -320,7 +366,8 @@ def main() -> int:
     cases = {"router_fork": router_head(B, args.calls), "mla_combine_wide": mla_combine(B, 50),
              "fmha_short_splits": mla_fmha(B, args.calls),
              "router_align_fused": router_align(B, args.calls), "mlp_residual_folded": add3_fold(B, args.calls),
-             "attn_res_fused": attn_res(B, 50, 8), "attn_res_fused, 2 rows": attn_res(B, 50, 2)}
+             "attn_res_fused": attn_res(B, 50, 8), "attn_res_fused, 2 rows": attn_res(B, 50, 2),
+             "attn_res_rows": attn_res_rows(B, 50), "moe_tail_fused": moe_tail(B, args.calls)}
     for name, res in cases.items():
         print(f"{name} (B={B})")
         for k, v in res.items():
@@ -343,6 +390,13 @@ def main() -> int:
         if o is None or n is None:
             continue
         print(f"    {name:18s} {o:7.2f} -> {n:7.2f} us x {layers:3d} layers = {(o - n) * layers / 1e3:6.3f} ms")
+    from kernels.k3.config import K3Config
+
+    cfg = K3Config(batch=B)
+    rows = [cfg.bank_rows(l, site) for l in cfg.layers for site in ("attn", "mlp")]
+    r = cases["attn_res_rows"]
+    saved = sum(r[f"pair, {n} rows"] - r[f"attn_res_dot, {n} rows"] for n in rows)
+    print(f"    attn_res_dot over the step's {len(rows)} aggregations (their own row counts): {saved / 1e3:6.3f} ms")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"batch": B, "cases": cases, "sweeps": sweeps}, fh, indent=1)

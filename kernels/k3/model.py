@@ -53,7 +53,7 @@ from kernels.k3.ops.moe import (
     router_scratch_shape,
     situ_mul,
 )
-from kernels.k3.ops.gemv import gemv, skinny_mm
+from kernels.k3.ops.gemv import gemv, skinny_mm, skinny_mm_mixnorm
 from kernels.k3.ops.norm import rmsnorm
 from kernels.k3.variants import BASELINE, Variant
 from kernels.streams import Streams, fork, join, nvtx_range, on
@@ -613,11 +613,15 @@ class K3Decode:
                 self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.expert_y,
                              top_k=cfg.top_k, x_is_per_token=False)
-            self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
-                         **self._prefetch(w.up))
-            self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
-                         cfg.norm_eps)
-            self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
+            if P.moe_tail_fuses(cfg, v):
+                self._triton(P.UP, skinny_mm_mixnorm, s.expert_y, weights, w.latent_norm, w.up,
+                             s.routed_out, cfg.norm_eps)
+            else:
+                self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
+                             **self._prefetch(w.up))
+                self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
+                             cfg.norm_eps)
+                self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
             self._join(shared)
             if P.mlp_output_folded(cfg, v, l):
                 self._mlp_out = (s.routed_out, s.shared_out)

@@ -83,6 +83,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "moe_weighted_sum": ("moe_weighted_sum_kernel",),
     "gemv": ("gemv_kernel",),
     "skinny_mm": ("skinny_mm_kernel",),
+    "skinny_mm_mixnorm": ("skinny_mm_kernel",),  # the same kernel with MIX_K (moe_tail_fused)
 }
 #: Variant triton_linear takes these dense GEMMs up to this batch: the wide ones, where the
 #: skinny kernel streamed 13-20% faster than cuBLAS alone on the H200 (bench_k3_ops.py
@@ -295,6 +296,13 @@ def router_aligns(cfg: K3Config, v: Variant) -> bool:
     return v.router_align_fused and cfg.batch == 1 and not v.router_multipass
 
 
+def moe_tail_fuses(cfg: K3Config, v: Variant) -> bool:
+    """moe_tail_fused: at B = 1 the up GEMM, when it is the skinny Triton GEMM
+    (triton_linear), forms its operand from the down GEMM's expert rows itself (weighted
+    sum, latent RMSNorm), so those two launches go (seed 003's fused tails)."""
+    return v.moe_tail_fused and cfg.batch == 1 and linear_is_triton(cfg, v, UP)
+
+
 def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     # The shared-expert fork stays on in every variant (no_attn_forks is attention only).
     key = "moe_router/multipass" if v.router_multipass else None
@@ -314,8 +322,9 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
         *head,
         _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"),
         *([] if v.situ_fused else [_t(EXPERT_ACT, MAIN, "situ_mul")]),
-        _t(EXPERT_DOWN, MAIN, "moe_grouped_gemm"), _t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"),
-        _t(LATENT_NORM, MAIN, "rmsnorm"), _mm(UP, MAIN),
+        _t(EXPERT_DOWN, MAIN, "moe_grouped_gemm"),
+        *([_t(UP, MAIN, "skinny_mm_mixnorm")] if moe_tail_fuses(cfg, v) else
+          [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"), _t(LATENT_NORM, MAIN, "rmsnorm"), _mm(UP, MAIN)]),
         Join(AUX1), _t(ADD3, MAIN, "add3"), AllReduce(),
     ]
 

@@ -34,6 +34,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "pdl_early_trigger": ("pdl_early_trigger", True),      # seed 000's early trigger, everywhere
     "attn_res_dot": ("attn_res_dot", True),
     "attn_res_early_rows": ("attn_res_early_rows", True),  # seed 000's loads before the wait
+    "moe_tail_fused": ("moe_tail_fused", True),            # seed 003 (fused tails)
 }
 
 DELAY_PREFIX = "delay"
@@ -59,6 +60,7 @@ class Variant:
     pdl_early_trigger: bool = False  # every Triton kernel triggers its dependents after its wait
     attn_res_dot: bool = False       # attn_res Gram matrix by tl.dot; combine loads in one shot
     attn_res_early_rows: bool = False  # attn_res bank rows but the last load before the PDL wait
+    moe_tail_fused: bool = False     # B = 1: weighted sum + latent RMSNorm in the up GEMM's load
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

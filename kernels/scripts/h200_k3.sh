@@ -53,6 +53,8 @@ C7=$C6+pdl_early_trigger
 C8=$C7+attn_res_dot
 C9=$C8+attn_res_early_rows
 C10=$C9+prefetch:${PF_MB:-24}
+# attn_res_early_rows and prefetch were slower (campaign3_test): the chain goes on from C8.
+C11=$C8+moe_tail_fused
 
 case $phase in
 campaign_test)
@@ -112,6 +114,32 @@ campaign3_test)  # the third round's GPU tests, standalone cases, C7..C10 interl
   timeout 330 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
     --variants $C7 $C8 $C9 $C10 $C7 $C8 $C9 $C10 $C9+prefetch:12 $C9+prefetch:40 \
     --json $OUT/step3.json 2>&1 | grep "B=" ;;
+campaign3_rec)  # C7/C8/C8+prefetch interleaved; C8 recorded (2 runs + 8 layers); probes; B = 8, 64
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C7 $C8 $C8+prefetch:8 $C8+prefetch:24 $C7 $C8 --json $OUT/step3b.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c8_$r --steps 40 --variant $C8; done
+  rec k3_bs1_c8 --layers 8 --steps 40 --variant $C8
+  rec k3_probe_early --layers 8 --steps 40 --variant $C9
+  rec k3_probe_pf24 --layers 8 --steps 40 --variant $C8+prefetch:24
+  pack k3_c8
+  timeout 150 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline $C8 \
+    --json $OUT/step3_b8_64.json 2>&1 | grep "B=" ;;
+campaign4)  # moe_tail_fused: GPU tests, standalone cases, C8/C11 interleaved, C11 recorded
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  set -o pipefail
+  timeout 60 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_gemv.py 2>&1 | tail -1
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "variant_pairs or kernel_nodes" 2>&1 | tee $OUT/gpu_model.log | tail -1
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --json $OUT/ops4_b1.json 2>&1 | \
+    grep -A3 "^moe_tail_fused (B\|standalone saving\|attn_res_dot\|moe_tail"
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C8 $C11 $C8 $C11 \
+    --json $OUT/step4.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c11_$r --steps 40 --variant $C11; done
+  rec k3_bs1_c11 --layers 8 --steps 40 --variant $C11
+  pack k3_c11 ;;
 campaign_big)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
     --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;

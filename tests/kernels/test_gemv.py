@@ -60,3 +60,36 @@ def test_skinny_mm_k3_shapes(B):
         pytest.skip("needs a CUDA GPU")
     for K, N, cols in ((7168, 5120, 6016), (7168, 6144, None), (3584, 7168, None), (1536, 7168, None)):
         run_skinny(B, K, N, "cuda", cols)
+
+
+def run_mixnorm(E, K, N, device, config=None):
+    """Variant moe_tail_fused: weighted sum -> latent RMSNorm -> up GEMM in one launch, vs
+    the three steps in float64 (the expert rows a strided view, as the down GEMM leaves
+    them in its [16 * B, K] output)."""
+    from kernels.k3 import reference as R
+    from kernels.k3.ops.gemv import skinny_mm_mixnorm
+
+    g = torch.Generator(device="cpu").manual_seed(E * 100 + K)
+    y = torch.randn(E, K + 8, generator=g).to(device, torch.bfloat16)[:, :K]
+    topk_w = torch.rand(1, E, generator=g).to(device)
+    gamma = (1.0 + 0.1 * torch.randn(K, generator=g)).to(device, torch.bfloat16)
+    w = (torch.randn(K, N, generator=g) * K ** -0.5).to(device, torch.bfloat16)
+    out = torch.empty(1, N, device=device, dtype=torch.bfloat16)
+    skinny_mm_mixnorm(y, topk_w, gamma, w, out, 1e-6, config=config)
+    lat = (topk_w.double()[0, :, None] * y.double()).sum(0, keepdim=True)
+    want = R.ref_rmsnorm(lat, gamma).double() @ w.double()
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("E,K,N,config", [(16, 512, 96, (64, 128, 4, 2)), (4, 300, 40, (32, 128, 4, 2))])
+def test_skinny_mm_mixnorm_cpu(E, K, N, config):
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter test")
+    run_mixnorm(E, K, N, "cpu", config)
+
+
+@pytest.mark.gpu
+def test_skinny_mm_mixnorm_k3_shape():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run_mixnorm(16, 3584, 7168, "cuda")

@@ -131,11 +131,25 @@ def test_baseline_counts():
     ("mlp_residual_folded", -92),       # add3 / residual_add of layers 1..92 (93 keeps its add)
     ("attn_res_dot", 0), ("attn_res_early_rows", 0),  # the same two kernels, other code inside
     ("prefetch:24", 0),                 # prefetches ride in launches the step already has
+    ("moe_tail_fused", 0),              # needs triton_linear's up GEMM (below)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
     assert p.triton_kernels - base.triton_kernels == delta
     assert p.cublas_calls == base.cublas_calls
+
+
+def test_moe_tail_fused_drops_two_launches_per_moe_layer():
+    # On triton_linear at B = 1: the weighted sum and the latent RMSNorm go, the up GEMM
+    # stays one skinny_mm_kernel; at B = 8 the variant does not apply.
+    base, p = P.build_plan(FULL, parse("triton_linear")), P.build_plan(FULL, parse("triton_linear+moe_tail_fused"))
+    assert p.triton_kernels - base.triton_kernels == -2 * 92 and p.cublas_calls == base.cublas_calls
+    names = p.triton_kernel_names() - base.triton_kernel_names()
+    assert not names and (base.triton_kernel_names() - p.triton_kernel_names()) == Counter(
+        {"moe_weighted_sum_kernel": 92, "rmsnorm_kernel": 92})
+    b8 = FULL.with_(batch=8)
+    assert P.build_plan(b8, parse("triton_linear+moe_tail_fused")).triton_kernels == \
+        P.build_plan(b8, parse("triton_linear")).triton_kernels
 
 
 def test_streams_baseline():

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.k3.plan import SKINNY_MAX_B  # one MMA tile of tokens; torch.mm beyond
-from kernels.k3.ops.common import DOT_F32, dot, launch, pdl_trigger, pdl_wait, spin, to_dtype
+from kernels.k3.ops.common import DOT_F32, dot, launch, next_pow2, pdl_trigger, pdl_wait, spin, to_dtype
 
 
 @triton.jit
@@ -57,12 +57,14 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 # Skinny GEMM over torch.mm's weight layout (variant triton_linear)
 # --------------------------------------------------------------------------------------
 @triton.jit
-def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out,
+def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+                     EVEN_K: tl.constexpr, MIX_K: tl.constexpr, DOT_F32: tl.constexpr,
                      USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # out[B, N] = x[B, K] @ w[K, N], w row-major (N contiguous, as torch.mm takes it). One
     # program per BLOCK_N columns streams its whole K; the few tokens pad the MMA's M side.
+    # MIX_K > 0 (variant moe_tail_fused, one token): x is the MIX_K expert rows of the down
+    # GEMM; the operand is RMSNorm(sum_k mix_w[k] x[k]) * gamma, formed as it loads.
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = ns < N
     ms = tl.arange(0, BLOCK_M)
@@ -71,18 +73,40 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out,
     w_cols = w + ns[None, :]
     x_rows = x + ms.to(tl.int64)[:, None] * stride_x
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if MIX_K > 0:
+        es = tl.arange(0, MIX_K)
+        x_rows = x + es.to(tl.int64)[:, None] * stride_x
+        # The router wrote the weights several kernels ago: read them before the wait.
+        mw = tl.load(mix_w + es)
+        sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
     pdl_wait(USE_PDL)  # x is the producer's output
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + kr
         if EVEN_K:
             wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=nm[None, :], other=0.0)
-            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None], other=0.0)
         else:
             km = ks < K
             wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=km[:, None] & nm[None, :],
                          other=0.0)
+        if MIX_K > 0:
+            if EVEN_K:
+                ys = tl.load(x_rows + ks[None, :])
+                g = tl.load(gamma + ks)
+            else:
+                ys = tl.load(x_rows + ks[None, :], mask=km[None, :], other=0.0)
+                g = tl.load(gamma + ks, mask=km, other=0.0)
+            mix = tl.sum(ys.to(tl.float32) * mw[:, None], 0)  # this K block of the routed latent
+            sumsq += mix * mix
+            # The norm's 1/rms is one scalar per token: it scales the accumulator at the end.
+            xg = to_dtype(mix * g.to(tl.float32), wt.dtype)
+            xt = tl.where(ms[:, None] == 0, xg[None, :], tl.zeros_like(xg)[None, :])
+        elif EVEN_K:
+            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None], other=0.0)
+        else:
             xt = tl.load(x_rows + ks[None, :], mask=mm[:, None] & km[None, :], other=0.0)
         acc = dot(xt, wt, acc, DOT_F32)
+    if MIX_K > 0:
+        acc = acc * tl.rsqrt(tl.sum(sumsq, 0) / K + eps)
     tl.store(out + ms.to(tl.int64)[:, None] * stride_out + ns[None, :],
              to_dtype(acc, out.dtype.element_ty), mask=mm[:, None] & nm[None, :])
     spin(DELAY_NS)
@@ -110,6 +134,26 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     assert w.stride(1) == 1 and x.stride(1) == 1 and out.stride(1) == 1
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), x, w, out, B, K, N, x.stride(0), w.stride(0),
-           out.stride(0), BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0, DOT_F32=DOT_F32,
-           num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           out.stride(0), x, x, 0.0, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0, MIX_K=0,
+           DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+    return out
+
+
+def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor,
+                      out: torch.Tensor, eps: float = 1e-6, *,
+                      config: tuple[int, int, int, int] | None = None, delay_ns: int = 0) -> torch.Tensor:
+    """Variant moe_tail_fused, one token: out = RMSNorm(sum_k topk_w[0, k] y[k]) * gamma @ w,
+    i.e. moe_weighted_sum -> rmsnorm -> skinny_mm in one launch. y [top_k, K] (the down
+    GEMM's rows), topk_w [1, top_k] fp32, gamma [K], w [K, N], out [1, N]. The sums run in
+    another order than the three kernels' (fp32), and the operand is rounded once, after
+    gamma, before 1/rms is applied to the accumulator: near, not bit for bit."""
+    E, K = y.shape
+    N = w.shape[1]
+    assert topk_w.shape == (1, E) and topk_w.dtype == torch.float32 and topk_w.is_contiguous()
+    assert E == next_pow2(E) and gamma.shape == (K,) and gamma.is_contiguous()
+    assert w.shape[0] == K and out.shape == (1, N) and y.stride(1) == 1 and w.stride(1) == 1
+    bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
+    launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
+           out.stride(0), topk_w, gamma, eps, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
+           MIX_K=E, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
