@@ -230,7 +230,7 @@ def moe_tail(B: int, calls: int) -> dict[str, float]:
     """The MoE tail at one token: weighted sum -> latent RMSNorm -> up GEMM (skinny), or the
     up GEMM forming its operand itself (moe_tail_fused). Up weights rotate past the L2."""
     from kernels.k3.ops.gemv import skinny_mm, skinny_mm_mixnorm
-    from kernels.k3.ops.moe import moe_weighted_sum
+    from kernels.k3.ops.moe import moe_weighted_sum, weighted_sum_chunks
     from kernels.k3.ops.norm import rmsnorm
 
     if B != 1:
@@ -242,12 +242,16 @@ def moe_tail(B: int, calls: int) -> dict[str, float]:
     gamma = torch.randn(K, device="cuda", dtype=BF, generator=g)
     ups = [torch.randn(K, N, device="cuda", dtype=BF, generator=g) for _ in range(_copies(K * N * 2))]
     lat, lat_n = torch.empty(1, K, device="cuda", dtype=BF), torch.empty(1, K, device="cuda", dtype=BF)
+    sumsq = torch.empty(1, weighted_sum_chunks(K), device="cuda", dtype=F32)
     out = torch.empty(1, N, device="cuda", dtype=BF)
     return {"weighted sum -> norm -> up": per_call_us(
                 lambda i: (moe_weighted_sum(y, wts, lat), rmsnorm(lat, gamma, lat_n),
                            skinny_mm(lat_n, ups[i % len(ups)], out)), calls),
             "moe_tail_fused": per_call_us(lambda i: skinny_mm_mixnorm(y, wts, gamma, ups[i % len(ups)], out),
-                                          calls)}
+                                          calls),
+            "latent_norm_folded": per_call_us(lambda i: (moe_weighted_sum(y, wts, lat, sumsq=sumsq),
+                                                         skinny_mm(lat, ups[i % len(ups)], out,
+                                                                   rms_of=(sumsq, 1e-6))), calls)}
 
 
 def _copies(nbytes: int) -> int:
@@ -347,12 +351,14 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "attn_res_dot": (186, "score + combine", "attn_res_dot"),
            "attn_res_early_rows": (186, "attn_res_dot", "attn_res_dot+attn_res_early_rows"),
            "moe_tail_fused": (92, "weighted sum -> norm -> up", "moe_tail_fused"),
+           "latent_norm_folded": (92, "weighted sum -> norm -> up", "latent_norm_folded"),
            "fmha_short_splits": (24, "fmha + wide combine", "fmha_short_splits"),
            "router_align_fused": (92, "router -> align", "router_align_fused"),
            "mlp_residual_folded": (92, "add3 -> score", "mlp_residual_folded")}
 
 
-CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused"}
+CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
+           "latent_norm_folded": "moe_tail_fused"}
 
 
 def main() -> int:

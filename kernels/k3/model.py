@@ -52,6 +52,7 @@ from kernels.k3.ops.moe import (
     moe_weighted_sum,
     router_scratch_shape,
     situ_mul,
+    weighted_sum_chunks,
 )
 from kernels.k3.ops.gemv import gemv, skinny_mm, skinny_mm_mixnorm
 from kernels.k3.ops.norm import rmsnorm
@@ -115,6 +116,8 @@ class MoELayer:
     latent_norm: torch.Tensor    # [3584]
     up: torch.Tensor             # [3584, H]
     shared_down: torch.Tensor    # [768, H]
+    # latent_norm_folded: diag(latent_norm) @ up, the norm's gamma folded into the weights.
+    up_g: torch.Tensor | None = None
     # router_fork: the router columns of `front`, transposed ([896, H], each expert's K
     # contiguous) for the streaming GEMV; a copy, so every variant draws the same weights.
     router_t: torch.Tensor | None = None
@@ -192,6 +195,7 @@ class Scratch:
         self.expert_y = e(P, cfg.latent)
         self.routed_lat = e(B, cfg.latent)
         self.routed_lat_n = e(B, cfg.latent)
+        self.lat_sumsq = e(B, weighted_sum_chunks(cfg.latent), dtype=torch.float32)  # latent_norm_folded
         self.routed_out = e(B, H)
         # Dense MLP
         self.dense_gu = e(B, 2 * cfg.dense_inter)
@@ -313,6 +317,8 @@ class K3Decode:
             router_bias=self._randn(c.experts, std=0.05, dtype=F32),
             w13=w13, w2=w2, latent_norm=self._norm_w(c.latent), up=self._w(c.latent, c.latent, H),
             shared_down=self._w(c.shared_inter, c.shared_inter, H))
+        if P.latent_norm_folds(c, self.variant):
+            layer.up_g = (layer.latent_norm.float()[:, None] * layer.up.float()).to(layer.up.dtype)
         if P.router_forks(c, self.variant):
             layer.router_t = layer.front[:, slice(*c.front_slices["router"])].t().contiguous()
         return layer
@@ -616,6 +622,11 @@ class K3Decode:
             if P.moe_tail_fuses(cfg, v):
                 self._triton(P.UP, skinny_mm_mixnorm, s.expert_y, weights, w.latent_norm, w.up,
                              s.routed_out, cfg.norm_eps)
+            elif P.latent_norm_folds(cfg, v):
+                self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
+                             sumsq=s.lat_sumsq, **self._prefetch(w.up))
+                self._triton(P.UP, skinny_mm, s.routed_lat, w.up_g, s.routed_out,
+                             rms_of=(s.lat_sumsq, cfg.norm_eps))
             else:
                 self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
                              **self._prefetch(w.up))

@@ -303,6 +303,14 @@ def moe_tail_fuses(cfg: K3Config, v: Variant) -> bool:
     return v.moe_tail_fused and cfg.batch == 1 and linear_is_triton(cfg, v, UP)
 
 
+def latent_norm_folds(cfg: K3Config, v: Variant) -> bool:
+    """latent_norm_folded: where the up GEMM is the skinny Triton GEMM (triton_linear, B <=
+    16), the latent RMSNorm's gamma lives in a copy of the up weights and its 1/rms is
+    applied in the GEMM's epilogue, from sums of squares the weighted sum writes: the norm's
+    launch goes."""
+    return v.latent_norm_folded and linear_is_triton(cfg, v, UP) and not moe_tail_fuses(cfg, v)
+
+
 def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     # The shared-expert fork stays on in every variant (no_attn_forks is attention only).
     key = "moe_router/multipass" if v.router_multipass else None
@@ -324,7 +332,8 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
         *([] if v.situ_fused else [_t(EXPERT_ACT, MAIN, "situ_mul")]),
         _t(EXPERT_DOWN, MAIN, "moe_grouped_gemm"),
         *([_t(UP, MAIN, "skinny_mm_mixnorm")] if moe_tail_fuses(cfg, v) else
-          [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"), _t(LATENT_NORM, MAIN, "rmsnorm"), _mm(UP, MAIN)]),
+          [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"),
+           *([] if latent_norm_folds(cfg, v) else [_t(LATENT_NORM, MAIN, "rmsnorm")]), _mm(UP, MAIN)]),
         Join(AUX1), _t(ADD3, MAIN, "add3"), AllReduce(),
     ]
 

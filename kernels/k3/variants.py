@@ -35,6 +35,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "attn_res_dot": ("attn_res_dot", True),
     "attn_res_early_rows": ("attn_res_early_rows", True),  # seed 000's loads before the wait
     "moe_tail_fused": ("moe_tail_fused", True),            # seed 003 (fused tails)
+    "latent_norm_folded": ("latent_norm_folded", True),    # the norm weight folded into up
 }
 
 DELAY_PREFIX = "delay"
@@ -61,6 +62,7 @@ class Variant:
     attn_res_dot: bool = False       # attn_res Gram matrix by tl.dot; combine loads in one shot
     attn_res_early_rows: bool = False  # attn_res bank rows but the last load before the PDL wait
     moe_tail_fused: bool = False     # B = 1: weighted sum + latent RMSNorm in the up GEMM's load
+    latent_norm_folded: bool = False  # latent RMSNorm: gamma in the up weights, 1/rms in its epilogue
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

@@ -55,6 +55,8 @@ C9=$C8+attn_res_early_rows
 C10=$C9+prefetch:${PF_MB:-24}
 # attn_res_early_rows and prefetch were slower (campaign3_test): the chain goes on from C8.
 C11=$C8+moe_tail_fused
+# moe_tail_fused was slower (campaign4): the norm alone, folded, on C8.
+C12=$C8+latent_norm_folded
 
 case $phase in
 campaign_test)
@@ -140,6 +142,21 @@ campaign4)  # moe_tail_fused: GPU tests, standalone cases, C8/C11 interleaved, C
   for r in a b; do rec k3_full_c11_$r --steps 40 --variant $C11; done
   rec k3_bs1_c11 --layers 8 --steps 40 --variant $C11
   pack k3_c11 ;;
+campaign5)  # latent_norm_folded: GPU tests, the MoE tail case, C8/C12 at B = 1 and 8, C12 recorded
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  set -o pipefail
+  timeout 60 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_gemv.py 2>&1 | tail -1
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "variant_pairs or kernel_nodes" 2>&1 | tee $OUT/gpu_model.log | tail -1
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --json $OUT/ops5_b1.json 2>&1 | grep -A4 "^moe_tail_fused (B"
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C8 $C12 $C8 $C12 \
+    --json $OUT/step5.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c12_$r --steps 40 --variant $C12; done
+  rec k3_bs1_c12 --layers 8 --steps 40 --variant $C12
+  pack k3_c12
+  timeout 100 python3 bench/bench_k3_step.py --batches 8 --variants $C8 $C12 $C8 $C12 \
+    --json $OUT/step5_b8.json 2>&1 | grep "B=" ;;
 campaign_big)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
     --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;

@@ -93,3 +93,42 @@ def test_skinny_mm_mixnorm_k3_shape():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     run_mixnorm(16, 3584, 7168, "cuda")
+
+
+def run_rms_folded(B, K, N, device, config=None):
+    """Variant latent_norm_folded: moe_weighted_sum's sums of squares + skinny_mm with
+    rms_of on gamma-folded weights = the weighted sum -> RMSNorm -> GEMM, in float64."""
+    from kernels.k3 import reference as R
+    from kernels.k3.ops.gemv import skinny_mm
+    from kernels.k3.ops.moe import moe_weighted_sum, weighted_sum_chunks
+
+    E = 4
+    g = torch.Generator(device="cpu").manual_seed(B * 10 + K)
+    y = torch.randn(B * E, K, generator=g).to(device, torch.bfloat16)
+    topk_w = torch.rand(B, E, generator=g).to(device)
+    gamma = (1.0 + 0.1 * torch.randn(K, generator=g)).to(device, torch.bfloat16)
+    w = (torch.randn(K, N, generator=g) * K ** -0.5).to(device, torch.bfloat16)
+    lat = torch.empty(B, K, device=device, dtype=torch.bfloat16)
+    sumsq = torch.empty(B, weighted_sum_chunks(K), device=device, dtype=torch.float32)
+    moe_weighted_sum(y, topk_w, lat, sumsq=sumsq)
+    torch.testing.assert_close(sumsq.sum(1).double(), (lat.double() ** 2).sum(1), rtol=1e-5, atol=1e-5)
+    out = torch.empty(B, N, device=device, dtype=torch.bfloat16)
+    w_g = (gamma.float()[:, None] * w.float()).to(torch.bfloat16)
+    skinny_mm(lat, w_g, out, config=config, rms_of=(sumsq, 1e-6))
+    want = R.ref_rmsnorm(lat, gamma).double() @ w.double()
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("B,K,N", [(1, 1100, 96), (3, 512, 40)])
+def test_latent_norm_folded_cpu(B, K, N):
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter test")
+    run_rms_folded(B, K, N, "cpu", (32, 128, 4, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 8, 16])
+def test_latent_norm_folded_k3_shape(B):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run_rms_folded(B, 3584, 7168, "cuda")

@@ -54,7 +54,7 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
-        "triton_linear+moe_tail_fused"]
+        "triton_linear+moe_tail_fused", "triton_linear+latent_norm_folded"]
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused"])
 
@@ -220,7 +220,8 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
 
 
 @cpu
-@pytest.mark.parametrize("name, batch", [(n, 2) for n in (*NEAR, CAMPAIGN)] + [(CAMPAIGN, 1), ("triton_linear+moe_tail_fused", 1)])
+@pytest.mark.parametrize("name, batch", [(n, 2) for n in (*NEAR, CAMPAIGN)] + [(CAMPAIGN, 1), ("triton_linear+moe_tail_fused", 1),
+                                                                           ("triton_linear+latent_norm_folded", 1)])
 def test_campaign_variants_near_baseline(name, batch):
     # router_fork forks at B = 1 only; B = 2 keeps the baseline head.
     cfg = TINY_BLOCKS.with_(batch=batch)

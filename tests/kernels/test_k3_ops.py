@@ -634,6 +634,9 @@ for B in (1, 8, 64):
                       prefetch=e(1536, H), prefetch_bytes=PF)
     moe.moe_weighted_sum(e(B * 16, 3584), e(B, 16, dt=F32), e(B, 3584), prefetch=e(3584, H),
                          prefetch_bytes=PF)
+    moe.moe_weighted_sum(e(B * 16, 3584), e(B, 16, dt=F32), e(B, 3584), sumsq=e(B, 7, dt=F32))
+    if B <= 16:  # variant latent_norm_folded
+        gemv.skinny_mm(e(B, 3584), e(3584, H), e(B, H), rms_of=(e(B, 7, dt=F32), 1e-6))
     ctr = e(1, dt=I32)  # meta: 132 SMs assumed, so B = 64 records the pair (fallback)
     attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), counter=ctr)
     attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), addend=e(B, H), counter=ctr)

@@ -132,6 +132,7 @@ def test_baseline_counts():
     ("attn_res_dot", 0), ("attn_res_early_rows", 0),  # the same two kernels, other code inside
     ("prefetch:24", 0),                 # prefetches ride in launches the step already has
     ("moe_tail_fused", 0),              # needs triton_linear's up GEMM (below)
+    ("latent_norm_folded", 0),          # likewise
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -150,6 +151,16 @@ def test_moe_tail_fused_drops_two_launches_per_moe_layer():
     b8 = FULL.with_(batch=8)
     assert P.build_plan(b8, parse("triton_linear+moe_tail_fused")).triton_kernels == \
         P.build_plan(b8, parse("triton_linear")).triton_kernels
+
+
+def test_latent_norm_folded_drops_the_norm_launch():
+    # On triton_linear (B <= 16): the latent rmsnorm goes; at B = 64 (cuBLAS up) it stays.
+    for B, delta in ((1, -92), (16, -92), (64, 0)):
+        cfg = FULL.with_(batch=B)
+        base = P.build_plan(cfg, parse("triton_linear"))
+        p = P.build_plan(cfg, parse("triton_linear+latent_norm_folded"))
+        assert p.triton_kernels - base.triton_kernels == delta, B
+        assert base.triton_kernel_names()["rmsnorm_kernel"] - p.triton_kernel_names()["rmsnorm_kernel"] == -delta
 
 
 def test_streams_baseline():

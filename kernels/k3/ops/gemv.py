@@ -58,8 +58,9 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 # --------------------------------------------------------------------------------------
 @triton.jit
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
+                     sumsq, n_sumsq,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, MIX_K: tl.constexpr, DOT_F32: tl.constexpr,
+                     EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, DOT_F32: tl.constexpr,
                      USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # out[B, N] = x[B, K] @ w[K, N], w row-major (N contiguous, as torch.mm takes it). One
     # program per BLOCK_N columns streams its whole K; the few tokens pad the MMA's M side.
@@ -107,6 +108,13 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
         acc = dot(xt, wt, acc, DOT_F32)
     if MIX_K > 0:
         acc = acc * tl.rsqrt(tl.sum(sumsq, 0) / K + eps)
+    if NSQ > 0:
+        # Variant latent_norm_folded: the weights carry gamma, x is the unnormalised latent;
+        # each token's 1/rms (from the producer's per-chunk sums of squares) scales its row.
+        cs = tl.arange(0, NSQ)
+        sq = tl.load(sumsq + ms[:, None] * n_sumsq + cs[None, :], mask=mm[:, None] & (cs[None, :] < n_sumsq),
+                     other=0.0)
+        acc = acc * tl.rsqrt(tl.sum(sq, 1) / K + eps)[:, None]
     tl.store(out + ms.to(tl.int64)[:, None] * stride_out + ns[None, :],
              to_dtype(acc, out.dtype.element_ty), mask=mm[:, None] & nm[None, :])
     spin(DELAY_NS)
@@ -125,17 +133,24 @@ SKINNY_DEFAULT = (64, 256, 8, 4)
 
 
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
-              config: tuple[int, int, int, int] | None = None, delay_ns: int = 0) -> torch.Tensor:
+              config: tuple[int, int, int, int] | None = None, rms_of: tuple | None = None,
+              delay_ns: int = 0) -> torch.Tensor:
     """out = x @ w for B <= SKINNY_MAX_B tokens; w [K, N] with unit column stride (a
-    column slice of a wider weight is fine), x and out row-strided."""
+    column slice of a wider weight is fine), x and out row-strided. `rms_of = (sumsq, eps)`
+    (variant latent_norm_folded): out[b] = x[b] @ w / rms(x[b]), the RMS from sumsq fp32
+    [B, chunks], the sums of squares of x's row in chunks (moe_weighted_sum writes them)."""
     B, K = x.shape
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
     assert w.stride(1) == 1 and x.stride(1) == 1 and out.stride(1) == 1
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
+    sumsq, eps = rms_of if rms_of is not None else (out, 0.0)
+    n_sq = sumsq.shape[1] if rms_of is not None else 0
+    assert rms_of is None or (sumsq.shape[0] == B and sumsq.is_contiguous() and sumsq.dtype == torch.float32)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), x, w, out, B, K, N, x.stride(0), w.stride(0),
-           out.stride(0), x, x, 0.0, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0, MIX_K=0,
-           DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           out.stride(0), x, x, eps, sumsq, n_sq, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
+           MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, DOT_F32=DOT_F32, num_warps=warps,
+           num_stages=stages, delay_ns=delay_ns)
     return out
 
 
@@ -154,6 +169,6 @@ def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor
     assert w.shape[0] == K and out.shape == (1, N) and y.stride(1) == 1 and w.stride(1) == 1
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
-           out.stride(0), topk_w, gamma, eps, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
-           MIX_K=E, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           out.stride(0), topk_w, gamma, eps, out, 0, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+           EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out

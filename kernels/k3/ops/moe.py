@@ -375,9 +375,9 @@ def situ_mul(gu: torch.Tensor, out: torch.Tensor, *, delay_ns: int = 0) -> torch
 
 
 @triton.jit
-def moe_weighted_sum_kernel(y, topk_w, out, N, stride_y, stride_out, pf, pf_bytes,
+def moe_weighted_sum_kernel(y, topk_w, out, N, stride_y, stride_out, pf, pf_bytes, sumsq,
                             TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
-                            PF_CHUNKS: tl.constexpr,
+                            PF_CHUNKS: tl.constexpr, SUMSQ: tl.constexpr,
                             USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     ns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -391,22 +391,35 @@ def moe_weighted_sum_kernel(y, topk_w, out, N, stride_y, stride_out, pf, pf_byte
     for k in range(TOP_K):
         wk = tl.sum(tl.where(kk == k, wv, 0.0), 0)
         acc += wk * tl.load(y + (b * TOP_K + k) * stride_y + ns, mask=nm, other=0.0).to(tl.float32)
-    tl.store(out + b * stride_out + ns, to_dtype(acc, out.dtype.element_ty), mask=nm)
+    rounded = to_dtype(acc, out.dtype.element_ty)
+    tl.store(out + b * stride_out + ns, rounded, mask=nm)
+    if SUMSQ:  # variant latent_norm_folded: this chunk's sum of squares of what it stored
+        r = tl.where(nm, rounded.to(tl.float32), 0.0)
+        tl.store(sumsq + b * tl.num_programs(1) + tl.program_id(1), tl.sum(r * r, 0))
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
 
 
+def weighted_sum_chunks(N: int) -> int:
+    """Programs per token of moe_weighted_sum: the sumsq partials it writes per token."""
+    return cdiv(N, ELT_BLOCK)
+
+
 def moe_weighted_sum(y: torch.Tensor, topk_w: torch.Tensor, out: torch.Tensor, *,
                      prefetch: torch.Tensor | None = None, prefetch_bytes: int = 0,
-                     delay_ns: int = 0) -> torch.Tensor:
+                     sumsq: torch.Tensor | None = None, delay_ns: int = 0) -> torch.Tensor:
     """out[b] = sum_k topk_w[b, k] * y[b * top_k + k] (fp32, in k order). `prefetch`: the
-    first `prefetch_bytes` of this weight into L2 (common.l2_prefetch)."""
+    first `prefetch_bytes` of this weight into L2 (common.l2_prefetch). `sumsq` fp32
+    [B, weighted_sum_chunks(N)] (variant latent_norm_folded): each program's sum of squares
+    of the bf16 values it stored, from which the up GEMM takes the latent RMSNorm's 1/rms."""
     B, K = topk_w.shape
     P, N = y.shape
     assert P == B * K and out.shape == (B, N) and topk_w.is_contiguous()
     assert y.stride(1) == 1 and out.stride(1) == 1 and topk_w.dtype == torch.float32
+    assert sumsq is None or (sumsq.shape == (B, weighted_sum_chunks(N)) and sumsq.is_contiguous()
+                             and sumsq.dtype == torch.float32)
     launch(moe_weighted_sum_kernel, (B, cdiv(N, ELT_BLOCK)), y, topk_w, out, N, y.stride(0),
            out.stride(0), **prefetch_args(prefetch, prefetch_bytes, B * cdiv(N, ELT_BLOCK), out),
-           TOP_K=K, KP=next_pow2(K), BLOCK=ELT_BLOCK, num_warps=4,
+           sumsq=out if sumsq is None else sumsq, SUMSQ=sumsq is not None, TOP_K=K, KP=next_pow2(K), BLOCK=ELT_BLOCK, num_warps=4,
            delay_ns=delay_ns)
     return out
