@@ -33,6 +33,15 @@ STANDALONE = {
     "fmha_short_splits": (24, "fmha_short_splits", "fmha + wide combine", "fmha_short_splits"),
     "router_align_fused": (92, "router_align_fused", "router -> align", "router_align_fused"),
     "mlp_residual_folded": (92, "mlp_residual_folded", "add3 -> score", "mlp_residual_folded"),
+    "moe_tail_fused": (92, "moe_tail_fused", "weighted sum -> norm -> up", "moe_tail_fused"),
+    "latent_norm_folded": (92, "moe_tail_fused", "weighted sum -> norm -> up", "latent_norm_folded"),
+}
+#: Changes that keep their kernels' names (other code inside): k3trace reports them as
+#: duration edits of these kernels, which are then the change's own edits too.
+OWN_KERNELS = {
+    "attn_res_dot": ("attn_res_score_kernel", "attn_res_combine_kernel"),
+    "moe_tail_fused": ("skinny_mm_kernel",),
+    "latent_norm_folded": ("skinny_mm_kernel", "moe_weighted_sum_kernel"),
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).
@@ -76,6 +85,17 @@ def standalone(ops: dict | None, change: str) -> tuple[float, float, float] | No
         new = sum(lin[k]["skinny_us"] for k in LINEAR_SHAPES)
         return old, new, sum((lin[k]["skinny_us"] - lin[k]["cublas_us"]) * lin[k]["layers"]
                              for k in LINEAR_SHAPES) / 1e3
+    if ops and change == "attn_res_dot" and ops["cases"].get("attn_res_rows"):
+        # The old score loops over the bank rows: weigh each row count by how often the
+        # step aggregates over it (K3's 186 aggregations read 1..8 rows).
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from kernels.k3.config import K3Config
+
+        cfg, r = K3Config(), ops["cases"]["attn_res_rows"]
+        rows = [cfg.bank_rows(l, site) for l in cfg.layers for site in ("attn", "mlp")]
+        old = sum(r[f"pair, {n} rows"] for n in rows)
+        new = sum(r[f"attn_res_dot, {n} rows"] for n in rows)
+        return old / len(rows), new / len(rows), (new - old) / 1e3
     if not ops or change not in STANDALONE:
         return None
     layers, case, old_key, new_key = STANDALONE[change]
@@ -88,7 +108,8 @@ def standalone(ops: dict | None, change: str) -> tuple[float, float, float] | No
 
 
 def row(change: str, d: dict, ops: dict | None) -> dict:
-    own = [a for a in d["attribution"] if any(k in a["kind"] for k in STRUCTURAL)]
+    own = [a for a in d["attribution"] if any(k in a["kind"] for k in STRUCTURAL)
+           or (a["kind"] == "duration" and a["edit"] in OWN_KERNELS.get(change, ()))]
     other = [a for a in d["attribution"] if a not in own]
     other.sort(key=lambda a: -abs(a["contribution_us"]))
     return {
