@@ -157,6 +157,10 @@ campaign5)  # latent_norm_folded: GPU tests, the MoE tail case, C8/C12 at B = 1 
   pack k3_c12
   timeout 100 python3 bench/bench_k3_step.py --batches 8 --variants $C8 $C12 $C8 $C12 \
     --json $OUT/step5_b8.json 2>&1 | grep "B=" ;;
+campaign3_final)  # after the third round's last kernel change: every GPU test but CuTe DSL's
+  set -o pipefail
+  timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
+    tests/kernels/test_k3_model.py 2>&1 | tee $OUT/gpu_all.log | tail -4 ;;
 campaign_big)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${VARIANTS:-$C4} \
     --json $OUT/step_b8_64.json 2>&1 | tee $OUT/step_b8_64.log ;;
