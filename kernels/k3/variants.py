@@ -36,6 +36,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "attn_res_early_rows": ("attn_res_early_rows", True),  # seed 000's loads before the wait
     "moe_tail_fused": ("moe_tail_fused", True),            # seed 003 (fused tails)
     "latent_norm_folded": ("latent_norm_folded", True),    # the norm weight folded into up
+    "linear_early_weights": ("linear_early_weights", True),  # seed 000's loads before the wait
 }
 
 DELAY_PREFIX = "delay"
@@ -63,6 +64,7 @@ class Variant:
     attn_res_early_rows: bool = False  # attn_res bank rows but the last load before the PDL wait
     moe_tail_fused: bool = False     # B = 1: weighted sum + latent RMSNorm in the up GEMM's load
     latent_norm_folded: bool = False  # latent RMSNorm: gamma in the up weights, 1/rms in its epilogue
+    linear_early_weights: bool = False  # skinny GEMMs load their first weight block before the wait
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

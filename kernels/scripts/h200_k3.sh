@@ -57,6 +57,7 @@ C10=$C9+prefetch:${PF_MB:-24}
 C11=$C8+moe_tail_fused
 # moe_tail_fused was slower (campaign4): the norm alone, folded, on C8.
 C12=$C8+latent_norm_folded
+C13=$C8+linear_early_weights
 
 case $phase in
 campaign_test)
@@ -157,6 +158,15 @@ campaign5)  # latent_norm_folded: GPU tests, the MoE tail case, C8/C12 at B = 1 
   pack k3_c12
   timeout 100 python3 bench/bench_k3_step.py --batches 8 --variants $C8 $C12 $C8 $C12 \
     --json $OUT/step5_b8.json 2>&1 | grep "B=" ;;
+campaign6)  # linear_early_weights: the GEMV tests, C8/C13 interleaved, C13 recorded
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  set -o pipefail
+  timeout 60 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_gemv.py 2>&1 | tail -1
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C8 $C13 $C8 $C13 \
+    --json $OUT/step6.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c13_$r --steps 40 --variant $C13; done
+  pack k3_c13 ;;
 campaign3_final)  # after the third round's last kernel change: every GPU test but CuTe DSL's
   set -o pipefail
   timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \

@@ -43,6 +43,9 @@ def run_skinny(B, K, N, device, w_cols=None):
     out = torch.empty(B, N, device=device, dtype=torch.bfloat16)
     skinny_mm(x, w, out)
     torch.testing.assert_close(out.double(), x.double() @ w.double(), rtol=2e-2, atol=2e-2)
+    early = torch.empty_like(out)  # variant linear_early_weights: the same sums, bit for bit
+    skinny_mm(x, w, early, early_weights=True)
+    assert torch.equal(early, out)
 
 
 @pytest.mark.parametrize("B,K,N,cols", [(1, 300, 40, None), (3, 512, 100, 130), (16, 256, 64, None)])

@@ -187,6 +187,13 @@ def test_variant_bitwise(name, tiny_baseline):
 
 
 @cpu
+def test_linear_early_weights_bitwise_to_triton_linear():
+    one = TINY_BLOCKS.with_(batch=1)
+    assert_same(run_steps(K3Decode(one, parse("triton_linear"), "cpu"), 1),
+                run_steps(K3Decode(one, parse("triton_linear+linear_early_weights"), "cpu"), 1))
+
+
+@cpu
 def test_router_align_fused_bitwise_at_one_token():
     # The variant applies at B = 1 only (TINY_BLOCKS has two tokens).
     one = TINY_BLOCKS.with_(batch=1)

@@ -60,7 +60,8 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
                      sumsq, n_sumsq,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, DOT_F32: tl.constexpr,
+                     EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
+                     DOT_F32: tl.constexpr,
                      USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # out[B, N] = x[B, K] @ w[K, N], w row-major (N contiguous, as torch.mm takes it). One
     # program per BLOCK_N columns streams its whole K; the few tokens pad the MMA's M side.
@@ -80,8 +81,19 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
         # The router wrote the weights several kernels ago: read them before the wait.
         mw = tl.load(mix_w + es)
         sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    k_first = 0
+    if EARLY_W:
+        # Variant linear_early_weights: the weights are no producer's output, so the first
+        # K block of them loads before the wait, while the previous kernel still runs (an
+        # early-triggered launch starts during it); x's first block joins it after the wait.
+        k_first = BLOCK_K
+        w0 = tl.load(w_cols + kr.to(tl.int64)[:, None] * stride_w, mask=(kr[:, None] < K) & nm[None, :],
+                     other=0.0)
     pdl_wait(USE_PDL)  # x is the producer's output
-    for k0 in range(0, K, BLOCK_K):
+    if EARLY_W:
+        x0 = tl.load(x_rows + kr[None, :], mask=mm[:, None] & (kr[None, :] < K), other=0.0)
+        acc = dot(x0, w0, acc, DOT_F32)
+    for k0 in range(k_first, K, BLOCK_K):
         ks = k0 + kr
         if EVEN_K:
             wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=nm[None, :], other=0.0)
@@ -134,11 +146,13 @@ SKINNY_DEFAULT = (64, 256, 8, 4)
 
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
               config: tuple[int, int, int, int] | None = None, rms_of: tuple | None = None,
-              delay_ns: int = 0) -> torch.Tensor:
+              early_weights: bool = False, delay_ns: int = 0) -> torch.Tensor:
     """out = x @ w for B <= SKINNY_MAX_B tokens; w [K, N] with unit column stride (a
     column slice of a wider weight is fine), x and out row-strided. `rms_of = (sumsq, eps)`
     (variant latent_norm_folded): out[b] = x[b] @ w / rms(x[b]), the RMS from sumsq fp32
-    [B, chunks], the sums of squares of x's row in chunks (moe_weighted_sum writes them)."""
+    [B, chunks], the sums of squares of x's row in chunks (moe_weighted_sum writes them).
+    `early_weights` (variant linear_early_weights): the first K block of w loads before the
+    PDL wait; the same products in the same order (bit for bit)."""
     B, K = x.shape
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
@@ -149,7 +163,7 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     assert rms_of is None or (sumsq.shape[0] == B and sumsq.is_contiguous() and sumsq.dtype == torch.float32)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), x, w, out, B, K, N, x.stride(0), w.stride(0),
            out.stride(0), x, x, eps, sumsq, n_sq, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
-           MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, DOT_F32=DOT_F32, num_warps=warps,
+           MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, DOT_F32=DOT_F32, num_warps=warps,
            num_stages=stages, delay_ns=delay_ns)
     return out
 
@@ -170,5 +184,5 @@ def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
            out.stride(0), topk_w, gamma, eps, out, 0, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
-           EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
