@@ -42,6 +42,7 @@ OWN_KERNELS = {
     "attn_res_dot": ("attn_res_score_kernel", "attn_res_combine_kernel"),
     "moe_tail_fused": ("skinny_mm_kernel",),
     "latent_norm_folded": ("skinny_mm_kernel", "moe_weighted_sum_kernel"),
+    "linear_early_weights": ("skinny_mm_kernel",),
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).
