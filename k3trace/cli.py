@@ -146,9 +146,11 @@ K3_VARIANT_FLAGS = ("mla_epilogue_split", "no_attn_forks", "router_multipass", "
                     # the bs1 campaign (kernels/README.md)
                     "router_fork", "mla_combine_wide", "attn_res_fused", "triton_linear", "situ_fused",
                     "fmha_short_splits", "router_align_fused", "mlp_residual_folded",
-                    "pdl_early_trigger")
+                    "pdl_early_trigger", "attn_res_dot", "attn_res_early_rows", "moe_tail_fused",
+                    "latent_norm_folded", "linear_early_weights")
 SMALL_VARIANTS = ("nofork",)
 _DELAY = re.compile(r"delay:[A-Za-z_][A-Za-z0-9_]*:\d+")
+_PREFETCH = re.compile(r"prefetch:\d+")
 #: nsys profile --capture-range-end values.
 _RANGE_END = re.compile(r"none|stop|stop-shutdown|repeat(:\d+)?|repeat-shutdown:\d+")
 
@@ -162,11 +164,14 @@ def check_variant(workload: str, variant: str) -> str:
                           "use baseline, nofork or delay:<kernel>:<ns>")
     parts = variant.split("+")
     delays = [p for p in parts if _DELAY.fullmatch(p)]
-    unknown = [p for p in parts if p not in ("baseline", *K3_VARIANT_FLAGS) and not _DELAY.fullmatch(p)]
-    if unknown or len(delays) > 1:
-        what = f"unknown variant {unknown[0]!r}" if unknown else "more than one delay in the variant"
-        raise ReportError(f"{what} for k3-decode", f"use baseline, {', '.join(K3_VARIANT_FLAGS)} or "
-                          "delay:<kernel>:<ns>, joined with + (kernels/README.md)")
+    prefetches = [p for p in parts if _PREFETCH.fullmatch(p)]
+    unknown = [p for p in parts if p not in ("baseline", *K3_VARIANT_FLAGS)
+               and not _DELAY.fullmatch(p) and not _PREFETCH.fullmatch(p)]
+    if unknown or len(delays) > 1 or len(prefetches) > 1:
+        what = (f"unknown variant {unknown[0]!r}" if unknown else
+                "more than one delay in the variant" if len(delays) > 1 else "more than one prefetch in the variant")
+        raise ReportError(f"{what} for k3-decode", f"use baseline, {', '.join(K3_VARIANT_FLAGS)}, "
+                          "prefetch:<MB> or delay:<kernel>:<ns>, joined with + (kernels/README.md)")
     return variant
 
 

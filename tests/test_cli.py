@@ -152,6 +152,7 @@ def test_version_and_short_help():
 @pytest.mark.parametrize("args, option", [
     (["record", "--workload", "nope", "--dry-run"], "--workload"),
     (["record", "--variant", "bogus", "--dry-run"], "variant"),
+    (["record", "--variant", "prefetch:8+prefetch:24", "--dry-run"], "prefetch"),
     (["record", "--workload", "small", "--variant", "no_attn_forks", "--dry-run"], "variant"),
     (["record", "--capture", "sideways", "--dry-run"], "--capture"),
     (["record", "--capture-range-end", "bogus", "--dry-run"], "--capture-range-end"),
@@ -172,6 +173,7 @@ def test_bad_choices_are_one_line_before_anything_runs(args, option, tmp_path):
 
 def test_good_variants_pass():
     for workload, variant in (("k3-decode", "no_attn_forks+router_multipass"), ("k3-decode", "delay:kda_step_kernel:4000"),
+                              ("k3-decode", "triton_linear+attn_res_dot+prefetch:24"),
                               ("small", "nofork"), ("small", "delay:kda_gate_kernel:3000")):
         done = invoke("record", "--dry-run", "--workload", workload, "--variant", variant)
         assert done.exit_code == 0 and f"--variant {variant}" in done.stdout
