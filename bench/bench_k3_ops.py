@@ -179,7 +179,8 @@ def mla_fmha(B: int, calls: int) -> dict[str, float]:
     return res
 
 
-def attn_res(B: int, calls: int, n_rows: int) -> dict[str, float]:
+def _attn_res_inputs(B: int):
+    """(bank, query, gamma, scores, out) of one aggregation at H = 7168."""
     from kernels.k3.ops import attn_res as A
 
     H = 7168
@@ -187,8 +188,13 @@ def attn_res(B: int, calls: int, n_rows: int) -> dict[str, float]:
     bank = torch.randn(8, B, H, device="cuda", dtype=BF, generator=g)
     query = torch.randn(H, device="cuda", dtype=BF, generator=g)
     gamma = torch.randn(H, device="cuda", dtype=BF, generator=g)
-    scores = A.alloc_attn_res_scores(bank)
-    out = torch.empty(B, H, device="cuda", dtype=BF)
+    return bank, query, gamma, A.alloc_attn_res_scores(bank), torch.empty(B, H, device="cuda", dtype=BF)
+
+
+def attn_res(B: int, calls: int, n_rows: int) -> dict[str, float]:
+    from kernels.k3.ops import attn_res as A
+
+    bank, query, gamma, scores, out = _attn_res_inputs(B)
     res = {f"score + combine, {n_rows} rows": per_call_us(
         lambda i: (A.attn_res_score(bank, n_rows, query, scores),
                    A.attn_res_combine(bank, n_rows, scores, gamma, out)), calls)}
@@ -210,13 +216,7 @@ def attn_res_rows(B: int, calls: int) -> dict[str, float]:
     the rows, the new one does not), for the saving weighted by the step's row counts."""
     from kernels.k3.ops import attn_res as A
 
-    H = 7168
-    g = torch.Generator(device="cuda").manual_seed(2)
-    bank = torch.randn(8, B, H, device="cuda", dtype=BF, generator=g)
-    query = torch.randn(H, device="cuda", dtype=BF, generator=g)
-    gamma = torch.randn(H, device="cuda", dtype=BF, generator=g)
-    scores = A.alloc_attn_res_scores(bank)
-    out = torch.empty(B, H, device="cuda", dtype=BF)
+    bank, query, gamma, scores, out = _attn_res_inputs(B)
     res = {}
     for n in range(1, 9):
         for key, dot in (("pair", False), ("attn_res_dot", True)):
