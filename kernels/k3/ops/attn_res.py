@@ -152,6 +152,27 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
 
 
 @triton.jit
+def _weights_from_gram(G, n_rows, H, eps, R: tl.constexpr, W: tl.constexpr):
+    # The softmax weights p over the valid rows and the output's 1/rms, from the summed
+    # partials G (Gram matrix, query dots in column R); the combine and the fused kernel
+    # share it, so their outputs stay bit for bit alike.
+    rs = tl.arange(0, R)
+    ws = tl.arange(0, W)
+    diag = rs[:, None] == ws[None, :]
+    sumsq = tl.sum(tl.where(diag, G, 0.0), 1)
+    dots = tl.sum(tl.where(ws[None, :] == R, G, 0.0), 1)
+    valid = rs < n_rows
+    logit = tl.where(valid, dots * tl.rsqrt(sumsq / H + 1e-6), -float("inf"))
+    p = tl.where(valid, tl.exp(logit - tl.max(logit, 0)), 0.0)
+    p = p / tl.sum(p, 0)
+    # ||sum_r p_r x_r||^2 = p^T G p: the output RMS without seeing the other chunks.
+    p_w = tl.sum(tl.where(diag, p[:, None], 0.0), 0)
+    sq = tl.sum(p * tl.sum(G * p_w[None, :], 1), 0)
+    rstd = tl.rsqrt(tl.maximum(sq, 0.0) / H + eps)
+    return p, rstd
+
+
+@triton.jit
 def attn_res_combine_kernel(bank, scores, gamma, out, n_rows, H, NC,
                             stride_br, stride_bb, stride_ob, eps,
                             R: tl.constexpr, W: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -188,17 +209,7 @@ def attn_res_combine_kernel(bank, scores, gamma, out, n_rows, H, NC,
     elif ONE_SHOT:
         x = tl.load(base[None, :] + rs[:, None] * stride_br, mask=(rs[:, None] < n_rows) & hm[None, :],
                     other=0.0).to(tl.float32)
-    diag = rs[:, None] == ws[None, :]
-    sumsq = tl.sum(tl.where(diag, G, 0.0), 1)
-    dots = tl.sum(tl.where(ws[None, :] == R, G, 0.0), 1)
-    valid = rs < n_rows
-    logit = tl.where(valid, dots * tl.rsqrt(sumsq / H + 1e-6), -float("inf"))
-    p = tl.where(valid, tl.exp(logit - tl.max(logit, 0)), 0.0)
-    p = p / tl.sum(p, 0)
-    # ||sum_r p_r x_r||^2 = p^T G p: the output RMS without seeing the other chunks.
-    p_w = tl.sum(tl.where(diag, p[:, None], 0.0), 0)
-    sq = tl.sum(p * tl.sum(G * p_w[None, :], 1), 0)
-    rstd = tl.rsqrt(tl.maximum(sq, 0.0) / H + eps)
+    p, rstd = _weights_from_gram(G, n_rows, H, eps, R, W)
     if ONE_SHOT:
         acc = tl.sum(p[:, None] * x, 0)
     elif EARLY_ROWS:  # the rows from the tile, in the loop's order: bit for bit the loads below
@@ -240,17 +251,7 @@ def _fused_weights(scores, b, n_rows, H, eps, NC: tl.constexpr, R: tl.constexpr,
     G = tl.zeros([R, W], dtype=tl.float32)
     for i in tl.static_range(NC):
         G += tl.load(scores + ((b * NC + i) * R + rs[:, None]) * W + ws[None, :], cache_modifier=".cg")
-    diag = rs[:, None] == ws[None, :]
-    sumsq = tl.sum(tl.where(diag, G, 0.0), 1)
-    dots = tl.sum(tl.where(ws[None, :] == R, G, 0.0), 1)
-    valid = rs < n_rows
-    logit = tl.where(valid, dots * tl.rsqrt(sumsq / H + 1e-6), -float("inf"))
-    p = tl.where(valid, tl.exp(logit - tl.max(logit, 0)), 0.0)
-    p = p / tl.sum(p, 0)
-    p_w = tl.sum(tl.where(diag, p[:, None], 0.0), 0)
-    sq = tl.sum(p * tl.sum(G * p_w[None, :], 1), 0)
-    rstd = tl.rsqrt(tl.maximum(sq, 0.0) / H + eps)
-    return p, rstd
+    return _weights_from_gram(G, n_rows, H, eps, R, W)
 
 
 @triton.jit
