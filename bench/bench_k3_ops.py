@@ -179,6 +179,89 @@ def mla_fmha(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def kda_conv(B: int, calls: int) -> dict[str, float]:
+    """The KDA conv + SiLU, then the delta-rule step (fused norm), against kda_conv_fused's
+    one launch; per-layer recurrent states rotated past the L2."""
+    from kernels.k3.config import K3Config
+    from kernels.k3.ops.kda import kda_conv_silu, kda_step
+
+    cfg = K3Config(batch=B)
+    NH, D, C = cfg.kda_heads, cfg.kda_head_dim, cfg.conv_channels
+    g = torch.Generator(device="cuda").manual_seed(6)
+    r = lambda *shape, dt=BF, s=1.0: torch.randn(*shape, device="cuda", dtype=dt, generator=g) * s  # noqa: E731
+    copies = _copies(B * NH * D * D * 4)
+    states = [r(B, NH, D, D, dt=F32, s=0.1) for _ in range(copies)]
+    windows = [r(B, 3, C) for _ in range(copies)]
+    qkvg, conv_w, conv_out = r(B, C + NH * D), r(C, 4, s=0.5), torch.empty(B, C, device="cuda", dtype=BF)
+    fab, fb, A_log, dt_bias = r(B, cfg.fab_width), r(B, NH * D), r(NH, dt=F32, s=0.5), r(NH * D, dt=F32, s=0.5)
+    slot, norm_w, out = torch.arange(B, device="cuda", dtype=I32), r(D), torch.empty(B, NH * D, device="cuda", dtype=BF)
+    gate = qkvg[:, C:]
+
+    def pair(i):
+        kda_conv_silu(qkvg, windows[i % copies], conv_w, slot, conv_out)
+        kda_step(conv_out, fab, fb, A_log, dt_bias, gate, states[i % copies], slot, norm_w, out)
+
+    def fused(i):
+        kda_step(qkvg, fab, fb, A_log, dt_bias, gate, states[i % copies], slot, norm_w, out,
+                 conv=(windows[i % copies], conv_w))
+
+    return {"conv -> kda_step": per_call_us(pair, calls), "kda_conv_fused": per_call_us(fused, calls)}
+
+
+def mla_proj(B: int, calls: int) -> dict[str, float]:
+    """x's three MLA projections (q_a, kv_a, g_proj) as three cuBLAS calls against
+    mla_proj_merged's one skinny GEMM; and the FMHA + wide combine alone against the same
+    beside g_proj on a side stream (the leg mla_proj_merged takes away)."""
+    from kernels.k3.config import K3Config
+    from kernels.k3.ops.gemv import skinny_mm
+    from kernels.k3.ops.mla import mla_decode_combine, mla_decode_fmha
+    from kernels.streams import fork, join
+
+    cfg = K3Config(batch=B)
+    H, widths = cfg.hidden, (cfg.q_lora, cfg.kv_a_width, cfg.mla_out_width)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    copies = _copies(H * cfg.x_proj_width * 2)
+    merged = [torch.randn(H, cfg.x_proj_width, device="cuda", dtype=BF, generator=g) * H ** -0.5
+              for _ in range(copies)]
+    apart = [[m[:, :widths[0]].contiguous(), m[:, widths[0]:-widths[2]].contiguous(), m[:, -widths[2]:].contiguous()]
+             for m in merged]
+    x = torch.randn(B, H, device="cuda", dtype=BF, generator=g)
+    outs = [torch.empty(B, n, device="cuda", dtype=BF) for n in widths]
+    out = torch.empty(B, cfg.x_proj_width, device="cuda", dtype=BF)
+
+    def three(i):
+        for w, o in zip(apart[i % copies], outs):
+            torch.mm(x, w, out=o)
+
+    S, NH, DL, ROW = cfg.fmha_splits, cfg.mla_heads, cfg.kv_lora, cfg.kv_a_width
+    pages = B * cfg.pages_per_request
+    caches = [torch.randn(pages, cfg.page_size, ROW, device="cuda", dtype=BF, generator=g) for _ in range(4)]
+    table = torch.randperm(pages, device="cuda", generator=g).to(I32).view(B, -1).contiguous()
+    seq = torch.full((B,), cfg.seq_len, device="cuda", dtype=I32)
+    q = torch.randn(B, NH, ROW, device="cuda", dtype=BF, generator=g)
+    partial, lse = torch.empty(B, NH, S, DL, device="cuda", dtype=F32), torch.empty(B, NH, S, device="cuda", dtype=F32)
+    lat = torch.empty(NH, B, DL, device="cuda", dtype=BF).transpose(0, 1)
+    s2 = torch.cuda.Stream()
+
+    def attention(i):
+        mla_decode_fmha(q, caches[i % 4], table, seq, partial, lse, cfg.sm_scale, num_splits=S,
+                        page_size=cfg.page_size)
+        mla_decode_combine(partial, lse, seq, lat, wide=True)
+
+    def beside_gate(i):
+        main = torch.cuda.current_stream()
+        fork(main, s2, enabled=True)
+        with torch.cuda.stream(s2):
+            torch.mm(x, apart[i % copies][2], out=outs[2])
+        attention(i)
+        join(main, s2, enabled=True)
+
+    return {"q_a, kv_a, g_proj: three cuBLAS calls": per_call_us(three, calls),
+            "mla_proj_merged: one skinny GEMM": per_call_us(lambda i: skinny_mm(x, merged[i % copies], out), calls),
+            "fmha + wide combine alone": per_call_us(attention, calls),
+            "fmha + wide combine || g_proj (S2)": per_call_us(beside_gate, calls)}
+
+
 def _attn_res_inputs(B: int):
     """(bank, query, gamma, scores, out) of one aggregation at H = 7168."""
     from kernels.k3.ops import attn_res as A
@@ -262,8 +345,9 @@ def _copies(nbytes: int) -> int:
 LINEAR_SHAPES = {"moe front (rest, router_fork)": (7168, 5120, 92), "moe front": (7168, 6016, 92),
                  "kda qkvg": (7168, 6144, 69), "moe up": (3584, 7168, 92), "kda o_proj": (1536, 7168, 69),
                  "mla q_a / g_proj": (7168, 1536, 48), "mla o_proj": (1536, 7168, 24),
+                 "mla q_a | kv_a | g_proj (mla_proj_merged)": (7168, 3648, 24),
                  "shared down": (768, 7168, 92)}
-SKINNY_SWEEP = [(bn, bk, w, st) for bn in (32, 64, 128) for bk in (128, 256) for w in (4, 8) for st in (4, 6, 8)]
+SKINNY_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64, 128) for bk in (128, 256) for w in (4, 8) for st in (4, 6, 8)]
 
 
 def _try_us(fn, calls: int) -> float:
@@ -277,13 +361,16 @@ def _try_us(fn, calls: int) -> float:
         return float("inf")
 
 
-def linear_sweep(B: int, calls: int) -> dict[str, dict]:
-    """torch.mm (cuBLAS) against the skinny Triton GEMM over its config sweep, per shape."""
+def linear_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, dict]:
+    """torch.mm (cuBLAS) against the skinny Triton GEMM over its config sweep, per shape
+    (those whose name contains one of `only`, when given)."""
     from kernels.k3.ops.gemv import skinny_mm
 
     res = {}
     g = torch.Generator(device="cuda").manual_seed(3)
     for name, (K, N, layers) in LINEAR_SHAPES.items():
+        if only and not any(o in name for o in only):
+            continue
         n = _copies(K * N * 2)
         ws = [torch.randn(K, N, device="cuda", dtype=BF, generator=g) * K ** -0.5 for _ in range(n)]
         x = torch.randn(B, K, device="cuda", dtype=BF, generator=g)
@@ -354,7 +441,9 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "latent_norm_folded": (92, "weighted sum -> norm -> up", "latent_norm_folded"),
            "fmha_short_splits": (24, "fmha + wide combine", "fmha_short_splits"),
            "router_align_fused": (92, "router -> align", "router_align_fused"),
-           "mlp_residual_folded": (92, "add3 -> score", "mlp_residual_folded")}
+           "mlp_residual_folded": (92, "add3 -> score", "mlp_residual_folded"),
+           "kda_conv_fused": (69, "conv -> kda_step", "kda_conv_fused"),
+           "mla_proj_merged": (24, "q_a, kv_a, g_proj", "mla_proj_merged")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
@@ -367,30 +456,37 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--json", default="")
     p.add_argument("--sweep", action="store_true", help="also sweep the dense and grouped GEMM configs")
+    p.add_argument("--sweep-shapes", nargs="*", default=(),
+                   help="sweep only the dense shapes whose name contains one of these (no grouped sweep)")
+    p.add_argument("--cases", nargs="*", default=(), help="run only these standalone cases")
     args = p.parse_args()
     B = args.batch
-    cases = {"router_fork": router_head(B, args.calls), "mla_combine_wide": mla_combine(B, 50),
-             "fmha_short_splits": mla_fmha(B, args.calls),
-             "router_align_fused": router_align(B, args.calls), "mlp_residual_folded": add3_fold(B, args.calls),
-             "attn_res_fused": attn_res(B, 50, 8), "attn_res_fused, 2 rows": attn_res(B, 50, 2),
-             "attn_res_rows": attn_res_rows(B, 50), "moe_tail_fused": moe_tail(B, args.calls)}
+    runs = {"router_fork": lambda: router_head(B, args.calls), "mla_combine_wide": lambda: mla_combine(B, 50),
+            "fmha_short_splits": lambda: mla_fmha(B, args.calls),
+            "router_align_fused": lambda: router_align(B, args.calls),
+            "mlp_residual_folded": lambda: add3_fold(B, args.calls),
+            "attn_res_fused": lambda: attn_res(B, 50, 8), "attn_res_fused, 2 rows": lambda: attn_res(B, 50, 2),
+            "attn_res_rows": lambda: attn_res_rows(B, 50), "moe_tail_fused": lambda: moe_tail(B, args.calls),
+            "kda_conv_fused": lambda: kda_conv(B, args.calls), "mla_proj_merged": lambda: mla_proj(B, args.calls)}
+    cases = {name: run() for name, run in runs.items() if not args.cases or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")
         for k, v in res.items():
             print(f"    {k:64s} {v:8.2f} us")
     sweeps = {}
-    if args.sweep:
-        sweeps["linear"] = linear_sweep(B, args.calls)
+    if args.sweep or args.sweep_shapes:
+        sweeps["linear"] = linear_sweep(B, args.calls, tuple(args.sweep_shapes))
         for name, r in sweeps["linear"].items():
             print(f"linear {name:30s} K={r['K']:5d} N={r['N']:5d}: cuBLAS {r['cublas_us']:7.2f} us "
                   f"({r['cublas_tb_s']:.2f} TB/s), skinny {r['skinny_us']:7.2f} us ({r['skinny_tb_s']:.2f} TB/s) "
                   f"at {r['best_config']}; x{r['layers']} = {(r['cublas_us'] - r['skinny_us']) * r['layers'] / 1e3:+.3f} ms saved")
+    if args.sweep:
         sweeps["grouped"] = grouped_sweep(B, args.calls)
         for name, r in sweeps["grouped"].items():
             print(f"grouped {name}: default {r['default_us']:.2f} us, best {r['best_us']:.2f} us at {r['best_config']}")
     print("standalone saving x layers (full depth; attn_res at 8 bank rows):")
     for name, (layers, old, new) in SAVINGS.items():
-        res = cases[CASE_OF.get(name, name)]
+        res = cases.get(CASE_OF.get(name, name), {})
         o = next((v for k, v in res.items() if k.startswith(old)), None)
         n = next((v for k, v in res.items() if k.startswith(new)), None)
         if o is None or n is None:
@@ -400,9 +496,10 @@ def main() -> int:
 
     cfg = K3Config(batch=B)
     rows = [cfg.bank_rows(l, site) for l in cfg.layers for site in ("attn", "mlp")]
-    r = cases["attn_res_rows"]
-    saved = sum(r[f"pair, {n} rows"] - r[f"attn_res_dot, {n} rows"] for n in rows)
-    print(f"    attn_res_dot over the step's {len(rows)} aggregations (their own row counts): {saved / 1e3:6.3f} ms")
+    r = cases.get("attn_res_rows")
+    if r:
+        saved = sum(r[f"pair, {n} rows"] - r[f"attn_res_dot, {n} rows"] for n in rows)
+        print(f"    attn_res_dot over the step's {len(rows)} aggregations (their own row counts): {saved / 1e3:6.3f} ms")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"batch": B, "cases": cases, "sweeps": sweeps}, fh, indent=1)

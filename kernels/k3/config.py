@@ -135,6 +135,10 @@ class K3Config:
         return self.mla_heads * self.v_head
 
     @property
+    def x_proj_width(self) -> int:       # q_a 1536 + kv_a 576 + g_proj 1536 = 3648 (mla_proj_merged)
+        return self.q_lora + self.kv_a_width + self.mla_out_width
+
+    @property
     def front_width(self) -> int:        # router 896 + latent 3584 + shared gate/up 1536 = 6016
         return self.experts + self.latent + 2 * self.shared_inter
 

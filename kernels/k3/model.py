@@ -105,6 +105,8 @@ class MLALayer:
     g_proj: torch.Tensor         # [H, 1536] output gate
     o_proj: torch.Tensor         # [1536, H]
     cache: torch.Tensor          # [pages, page_size, 576] bf16 latent cache
+    # mla_proj_merged: [H, 1536 + 576 + 1536] = q_a | kv_a | g_proj, which are its column views
+    x_proj: torch.Tensor | None = None
 
 
 @dataclass
@@ -169,6 +171,7 @@ class Scratch:
         self.attn_lat = e(NH, B, cfg.kv_lora)    # combine output, head-major for the V BMM
         self.mla_o = e(B, NH, cfg.v_head)        # V BMM writes its head-major view
         self.g = e(B, cfg.mla_out_width)
+        self.x_proj: torch.Tensor | None = None
         self.mla_gated = e(B, cfg.mla_out_width)
         # MoE
         K, P = cfg.top_k, B * cfg.top_k
@@ -203,6 +206,13 @@ class Scratch:
         self.dense_out = e(B, H)
 
 
+    def merge_mla_projections(self, cfg: K3Config) -> None:
+        """mla_proj_merged: q_a, kv_a and g as column views of the one GEMM's output."""
+        self.x_proj = torch.empty(cfg.batch, cfg.x_proj_width, device=self.x.device, dtype=self.x.dtype)
+        a, b = cfg.q_lora, cfg.q_lora + cfg.kv_a_width
+        self.q_a, self.kv_a, self.g = self.x_proj[:, :a], self.x_proj[:, a:b], self.x_proj[:, b:]
+
+
 class K3Decode:
     """Weights, paged caches and one decode step of one TP8 rank of Kimi K3."""
 
@@ -223,6 +233,8 @@ class K3Decode:
         self._build_state()
         self.layers = {l: self._build_layer(l) for l in cfg.layers}
         self.s = Scratch(cfg, self.device)
+        if P.mla_proj_merges(cfg, variant):
+            self.s.merge_mla_projections(cfg)
         self.attn_res_scores = alloc_attn_res_scores(self.bank)
         self.attn_res_counter = alloc_attn_res_counter(self.device)  # attn_res_fused's barrier
         # Plan cursor (see _expect).
@@ -300,7 +312,7 @@ class K3Decode:
         NH = c.mla_heads
         # History rows ~ N(0, 1): the scale of the normalised latents the model writes.
         cache = self._randn(c.batch * c.pages_per_request, c.page_size, c.kv_a_width)
-        return MLALayer(
+        w = MLALayer(
             q_a=self._w(H, H, c.q_lora), q_a_norm=self._norm_w(c.q_lora),
             q_b=self._w(c.q_lora, c.q_lora, c.q_b_width),
             w_uk=self._w(c.qk_nope, NH, c.qk_nope, c.kv_lora),
@@ -308,6 +320,12 @@ class K3Decode:
             w_uv=self._w(c.kv_lora, NH, c.kv_lora, c.v_head),
             g_proj=self._w(H, H, c.mla_out_width),
             o_proj=self._w(c.mla_out_width, c.mla_out_width, H), cache=cache)
+        if P.mla_proj_merges(c, self.variant):
+            # The same weights (drawn as above), side by side; the three become views.
+            w.x_proj = torch.cat([w.q_a, w.kv_a, w.g_proj], dim=1)
+            a, b = c.q_lora, c.q_lora + c.kv_a_width
+            w.q_a, w.kv_a, w.g_proj = w.x_proj[:, :a], w.x_proj[:, a:b], w.x_proj[:, b:]
+        return w
 
     def _build_moe(self, l: int) -> MoELayer:
         c, H = self.cfg, self.cfg.hidden
@@ -518,8 +536,10 @@ class K3Decode:
             with self._on(side):  # gate/beta GEMVs: read only x
                 self._triton(P.FAB, gemv, s.x, w.fab_t, s.fab)
                 self._mm(P.F_B, s.fab[:, :cfg.kda_f_rank], w.f_b, s.fb)
-            self._triton(P.CONV, kda_conv_silu, s.qkvg, w.conv_state, w.conv_w, self.slot_idx,
-                         s.conv_out, **self._prefetch(w.o_proj))
+            conv_fused = P.kda_conv_fuses(cfg, v)
+            if not conv_fused:
+                self._triton(P.CONV, kda_conv_silu, s.qkvg, w.conv_state, w.conv_w, self.slot_idx,
+                             s.conv_out, **self._prefetch(w.o_proj))
             self._join(side)
             fused = v.kda_norm_fused
             if v.kda_cute:
@@ -531,9 +551,10 @@ class K3Decode:
                 self._mm(P.O_PROJ, s.kda_out, w.o_proj, self._attn_out(l))
                 self._all_reduce()
                 return
-            self._triton(P.KDA_STEP, kda_step, s.conv_out, s.fab, s.fb, w.A_log, w.dt_bias,
-                         gate_in, w.state, self.slot_idx, w.norm_w, s.kda_out,
-                         fuse_norm=fused, o_scratch=None if fused else s.kda_o, eps=cfg.norm_eps)
+            self._triton(P.KDA_STEP, kda_step, s.qkvg if conv_fused else s.conv_out, s.fab, s.fb,
+                         w.A_log, w.dt_bias, gate_in, w.state, self.slot_idx, w.norm_w, s.kda_out,
+                         fuse_norm=fused, o_scratch=None if fused else s.kda_o, eps=cfg.norm_eps,
+                         conv=(w.conv_state, w.conv_w) if conv_fused else None)
             if not fused:
                 self._triton(P.KDA_NORM, kda_gated_rmsnorm, s.kda_o, gate_in, w.norm_w,
                              s.kda_out, eps=cfg.norm_eps)
@@ -548,14 +569,19 @@ class K3Decode:
         kv_lat_in, k_rope = s.kv_a[:, :cfg.kv_lora], s.kv_a[:, cfg.kv_lora:]
         cache_args = {"cache": w.cache, "kv_latent": s.kv_lat, "k_rope": k_rope,
                       "slot_mapping": self.slot_mapping}
+        merged = P.mla_proj_merges(cfg, v)
         with self._segment(l, MLA):
+            if merged:  # before the fork: the KV leg reads this GEMM's output
+                self._triton(P.X_PROJ, skinny_mm, s.x, w.x_proj, s.x_proj)
             kv = self._fork(P.AUX1, v.attn_forks)  # Q chain || KV chain (both read only x)
-            self._mm(P.Q_A, s.x, w.q_a, s.q_a)
+            if not merged:
+                self._mm(P.Q_A, s.x, w.q_a, s.q_a)
             self._triton(P.Q_A_NORM, rmsnorm, s.q_a, w.q_a_norm, s.q_a_n, cfg.norm_eps)
             self._mm(P.Q_B, s.q_a_n, w.q_b, s.q_b)
             self._bmm(P.ABSORB, q_nope.transpose(0, 1), w.w_uk, s.q_abs)
             with self._on(kv):
-                self._mm(P.KV_A, s.x, w.kv_a, s.kv_a)
+                if not merged:
+                    self._mm(P.KV_A, s.x, w.kv_a, s.kv_a)
                 self._triton(P.KV_A_NORM, rmsnorm, kv_lat_in, w.kv_a_norm, s.kv_lat, cfg.norm_eps)
                 if v.attn_forks:  # forked: the KV leg writes its own cache row
                     self._triton(P.CACHE_INSERT, mla_cache_insert, s.kv_lat, k_rope, w.cache,
@@ -566,16 +592,18 @@ class K3Decode:
                          # Forks off: the KV norm ran just before on this stream, so the
                          # split variant's cache programs must wait for it too.
                          **({} if v.attn_forks else {**cache_args, "cache_wait": True}))
-            gate = self._fork(P.AUX2, v.attn_forks)
-            with self._on(gate):  # overlaps the FMHA
-                self._mm(P.G_PROJ, s.x, w.g_proj, s.g)
+            gate = self._fork(P.AUX2, v.attn_forks and not merged)
+            if not merged:
+                with self._on(gate):  # overlaps the FMHA
+                    self._mm(P.G_PROJ, s.x, w.g_proj, s.g)
             self._triton(P.FMHA, mla_decode_fmha, s.q_full, w.cache, self.block_table,
                          self.seq_lens, s.fmha_partial, s.fmha_lse, cfg.sm_scale,
                          num_splits=cfg.fmha_splits, page_size=cfg.page_size)
             self._triton(P.FMHA_COMBINE, mla_decode_combine, s.fmha_partial, s.fmha_lse,
                          self.seq_lens, s.attn_lat.transpose(0, 1), wide=v.mla_combine_wide)
             self._bmm(P.V_UP, s.attn_lat, w.w_uv, s.mla_o.transpose(0, 1))
-            self._join(gate)
+            if not merged:
+                self._join(gate)
             self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
                          s.mla_gated)
             self._mm(P.O_PROJ, s.mla_gated, w.o_proj, self._attn_out(l))

@@ -45,6 +45,7 @@ QKVG, FAB, F_B, CONV, KDA_STEP, KDA_NORM, O_PROJ = (
 Q_A, Q_A_NORM, Q_B, ABSORB = "q_a", "q_a_norm", "q_b", "absorb"
 KV_A, KV_A_NORM, CACHE_INSERT, Q_CONCAT = "kv_a", "kv_a_norm", "cache_insert", "q_concat"
 G_PROJ, FMHA, FMHA_COMBINE, V_UP, GATE_MUL = "g_proj", "fmha", "fmha_combine", "v_up", "gate_mul"
+X_PROJ = "x_proj"  # variant mla_proj_merged: q_a | kv_a | g_proj, the three GEMMs that read x
 # MoE
 FRONT, SHARED_ACT, SHARED_DOWN = "front", "shared_act", "shared_down"
 ROUTER_GEMV = "router_gemv"
@@ -245,7 +246,8 @@ def kda_items(cfg: K3Config, v: Variant) -> list[Item]:
     items.append(_mm(QKVG, MAIN))
     # [f_a | b] as a Triton GEMV: cuBLAS's dot_kernel took 28 us there (first H200 trace).
     items += [_t(FAB, side, "gemv"), _mm(F_B, side)]
-    items.append(_t(CONV, MAIN, "kda_conv_silu"))
+    if not kda_conv_fuses(cfg, v):
+        items.append(_t(CONV, MAIN, "kda_conv_silu"))
     if v.attn_forks:
         items.append(Join(AUX2))
     if v.kda_cute:
@@ -258,26 +260,43 @@ def kda_items(cfg: K3Config, v: Variant) -> list[Item]:
     return items
 
 
+def kda_conv_fuses(cfg: K3Config, v: Variant) -> bool:
+    """kda_conv_fused: the Triton kda_step runs the short conv + SiLU of its head's q, k, v
+    channels itself, one program per head (the fused norm's grid: with V split, no program
+    could shift the q and k window rows in place). The CuTe DSL step keeps the conv launch."""
+    return v.kda_conv_fused and not v.kda_cute and v.kda_norm_fused
+
+
+def mla_proj_merges(cfg: K3Config, v: Variant) -> bool:
+    """mla_proj_merged: at B <= SKINNY_MAX_B, q_a, kv_a and g_proj (all x @ W) run as one
+    skinny Triton GEMM over their weights side by side, on main before the KV leg forks; the
+    g_proj leg beside the FMHA goes (in the c8 trace it stretched the FMHA + combine from
+    ~12 us alone to ~19)."""
+    return v.mla_proj_merged and cfg.batch <= SKINNY_MAX_B
+
+
 def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
-    f = v.attn_forks
+    f, merged = v.attn_forks, mla_proj_merges(cfg, v)
     kv = AUX1 if f else MAIN
-    items: list[Item] = []
+    items: list[Item] = [_t(X_PROJ, MAIN, "skinny_mm")] if merged else []
     if f:
         items.append(Fork(AUX1))
-    items += [_mm(Q_A, MAIN), _t(Q_A_NORM, MAIN, "rmsnorm"), _mm(Q_B, MAIN),
+    items += [*([] if merged else [_mm(Q_A, MAIN)]), _t(Q_A_NORM, MAIN, "rmsnorm"), _mm(Q_B, MAIN),
               _mm(ABSORB, MAIN, "bmm")]
-    items += [_mm(KV_A, kv), _t(KV_A_NORM, kv, "rmsnorm")]
+    items += [*([] if merged else [_mm(KV_A, kv)]), _t(KV_A_NORM, kv, "rmsnorm")]
     if f:  # forked: the KV leg writes its cache row itself; unforked: fused into q_concat
         items += [_t(CACHE_INSERT, kv, "mla_cache_insert"), Join(AUX1)]
     items.append(_t(Q_CONCAT, MAIN, "mla_q_concat"))
-    if f:
+    gate_leg = f and not merged
+    if gate_leg:
         items.append(Fork(AUX2))
-    items.append(_mm(G_PROJ, AUX2 if f else MAIN))
+    if not merged:
+        items.append(_mm(G_PROJ, AUX2 if f else MAIN))
     combine = "mla_decode_combine/wide" if v.mla_combine_wide else None
     items += [_t(FMHA, MAIN, "mla_decode_fmha"),
               _t(FMHA_COMBINE, MAIN, "mla_decode_combine", combine),
               _mm(V_UP, MAIN, "bmm")]
-    if f:
+    if gate_leg:
         items.append(Join(AUX2))
     items += [_t(GATE_MUL, MAIN, "gate_mul"), _mm(O_PROJ, MAIN), AllReduce()]
     return items

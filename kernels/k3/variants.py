@@ -37,6 +37,8 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "moe_tail_fused": ("moe_tail_fused", True),            # seed 003 (fused tails)
     "latent_norm_folded": ("latent_norm_folded", True),    # the norm weight folded into up
     "linear_early_weights": ("linear_early_weights", True),  # seed 000's loads before the wait
+    "kda_conv_fused": ("kda_conv_fused", True),            # seed 003 (fused KDA step)
+    "mla_proj_merged": ("mla_proj_merged", True),          # q_a | kv_a | g_proj: one GEMM
 }
 
 DELAY_PREFIX = "delay"
@@ -65,6 +67,8 @@ class Variant:
     moe_tail_fused: bool = False     # B = 1: weighted sum + latent RMSNorm in the up GEMM's load
     latent_norm_folded: bool = False  # latent RMSNorm: gamma in the up weights, 1/rms in its epilogue
     linear_early_weights: bool = False  # skinny GEMMs load their first weight block before the wait
+    kda_conv_fused: bool = False     # short conv + SiLU inside kda_step (one launch fewer)
+    mla_proj_merged: bool = False    # B <= 16: x's three MLA projections as one skinny GEMM on main
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

@@ -58,6 +58,11 @@ C11=$C8+moe_tail_fused
 # moe_tail_fused was slower (campaign4): the norm alone, folded, on C8.
 C12=$C8+latent_norm_folded
 C13=$C8+linear_early_weights
+# Fourth round (campaign7_test / campaign7_rec), on C8: the KDA conv inside kda_step, and
+# the MLA's three x projections as one GEMM (no g_proj leg beside the FMHA).
+C14=$C8+kda_conv_fused
+C15=$C8+mla_proj_merged
+C16=$C14+mla_proj_merged
 
 case $phase in
 campaign_test)
@@ -167,6 +172,25 @@ campaign6)  # linear_early_weights: the GEMV tests, C8/C13 interleaved, C13 reco
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
   for r in a b; do rec k3_full_c13_$r --steps 40 --variant $C13; done
   pack k3_c13 ;;
+campaign7_test)  # the fourth round's GPU tests, standalone cases and sweep, C8/C14/C15/C16 interleaved
+  set -o pipefail
+  timeout 90 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py \
+    -k "kda or compile" 2>&1 | tee $OUT/gpu_ops.log | tail -1
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "variant_pairs or kernel_nodes" 2>&1 | tee $OUT/gpu_model.log | tail -1
+  timeout 120 python3 bench/bench_k3_ops.py --batch 1 --cases kda_conv_fused mla_proj_merged \
+    --sweep-shapes mla_proj_merged "q_a /" --json $OUT/ops7_b1.json 2>&1 | grep -v "^ *$" | tail -12
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C8 $C14 $C15 $C16 $C8 $C14 $C15 $C16 --json $OUT/step7.json 2>&1 | grep "B=" ;;
+campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for nv in ${REC:-c14=$C14 c16=$C16}; do
+    for r in a b; do rec k3_full_${nv%%=*}_$r --steps 40 --variant ${nv#*=}; done
+  done
+  pack k3_c14
+  timeout 150 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${BIG:-$C16} \
+    --json $OUT/step7_b8_64.json 2>&1 | grep "B=" ;;
 campaign3_final)  # after the third round's last kernel change: every GPU test but CuTe DSL's
   set -o pipefail
   timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \

@@ -596,6 +596,34 @@ def test_delay_ns_is_accepted():
 
 # =========================================================================================
 # Offline sm_90 compile of every kernel at the real shapes (no GPU needed)
+@pytest.mark.parametrize("NH,D", [(2, 32), (3, 128)])
+def test_kda_conv_fused_is_the_pair(NH, D):
+    """Variant kda_conv_fused: kda_step with the conv inside gives what kda_conv_silu ->
+    kda_step gives, bit for bit: the output, the recurrent state and the shifted conv
+    window; other slots' windows untouched. The V-split grid refuses the conv."""
+    B, slots = 3, 5
+    qkvg, conv_state, conv_w, slot_idx, fab, fb, A_log, dt_bias, state, norm_w = _kda_inputs(B, NH, D, slots, 8)
+    g_out = qkvg[:, 3 * NH * D:]
+    cs_pair, cs_fused = conv_state.clone(), conv_state.clone()
+    st_pair, st_fused = state.clone(), state.clone()
+    conv_out = torch.empty(B, 3 * NH * D, device=DEV, dtype=BF)
+    kda.kda_conv_silu(qkvg, cs_pair, conv_w, slot_idx, conv_out)
+    out_pair, out_fused = (torch.empty(B, NH * D, device=DEV, dtype=BF) for _ in range(2))
+    kda.kda_step(conv_out, fab, fb, A_log, dt_bias, g_out, st_pair, slot_idx, norm_w, out_pair)
+    kda.kda_step(qkvg, fab, fb, A_log, dt_bias, g_out, st_fused, slot_idx, norm_w, out_fused,
+                 conv=(cs_fused, conv_w))
+    assert torch.equal(out_pair, out_fused) and torch.equal(st_pair, st_fused)
+    assert torch.equal(cs_pair, cs_fused)
+    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched[slot_idx.cpu().long()] = False
+    assert torch.equal(cs_fused[untouched.to(cs_fused.device)], conv_state[untouched.to(conv_state.device)])
+    assert not torch.equal(cs_fused, conv_state)
+    with pytest.raises(AssertionError, match="fused norm"):
+        kda.kda_step(qkvg, fab, fb, A_log, dt_bias, g_out, st_fused, slot_idx, norm_w, out_fused,
+                     fuse_norm=False, o_scratch=torch.empty(B, NH * D, device=DEV, dtype=F32),
+                     conv=(cs_fused, conv_w))
+
+
 # =========================================================================================
 _COMPILE_SCRIPT = r"""
 import os, re, subprocess, sys, tempfile
@@ -646,6 +674,8 @@ for B in (1, 8, 64):
     args = (e(B, 4608), e(B, 140), e(B, 1536), e(12, dt=F32), e(1536, dt=F32), qkvg[:, 4608:],
             e(B, 12, 128, 128, dt=F32), si, e(128))
     kda.kda_step(*args, e(B, 1536))
+    conv = (e(B, 3, 4608), e(4608, 4))  # variant kda_conv_fused: the conv inside the step
+    kda.kda_step(qkvg, *args[1:], e(B, 1536), conv=conv)
     for o_dt in (F32, BF):
         kda.kda_step(*args, e(B, 1536), fuse_norm=False, o_scratch=e(B, 1536, dt=o_dt))
         kda.kda_gated_rmsnorm(e(B, 1536, dt=o_dt), qkvg[:, 4608:], e(128), e(B, 1536))

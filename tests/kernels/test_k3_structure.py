@@ -134,6 +134,7 @@ def test_baseline_counts():
     ("moe_tail_fused", 0),              # needs triton_linear's up GEMM (below)
     ("latent_norm_folded", 0),          # likewise
     ("linear_early_weights", 0),        # the same skinny GEMMs, a load moved
+    ("kda_conv_fused", -69),            # the conv launch, now inside kda_step
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -246,6 +247,11 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.ADD3 if seg.family == "moe" else P.RESIDUAL_ADD)  # in the next score
         if seg.family == "moe" and v.situ_fused:
             ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
+        if seg.family == "kda" and P.kda_conv_fuses(cfg, v):
+            ops.append(P.CONV)  # inside kda_step
+        if P.X_PROJ in ops:  # mla_proj_merged: x's three projections in one GEMM
+            ops.remove(P.X_PROJ)
+            ops += [P.Q_A, P.KV_A, P.G_PROJ]
         out.append((seg.layer, seg.family, ops))
     # A folded residual add lives inside the pre-MLP score (segment 2 of each layer's 4).
     for i, (layer, fam, ops) in enumerate(out):
@@ -278,6 +284,31 @@ def test_triton_linear_takes_the_dense_gemms():
     # Beyond one MMA tile of tokens the variant keeps cuBLAS.
     big = K3Config(batch=P.SKINNY_MAX_B + 1)
     assert P.build_plan(big, parse("triton_linear")).cublas_calls == P.build_plan(big).cublas_calls
+
+
+def test_kda_conv_fused_keeps_the_conv_where_it_cannot_fuse():
+    """With the norm separate (V split across programs) or the CuTe DSL step, the conv
+    launch stays."""
+    for extra in ("kda_norm_separate", "kda_cute"):
+        base = P.build_plan(FULL, parse(extra))
+        assert P.build_plan(FULL, parse(f"{extra}+kda_conv_fused")).triton_kernels == base.triton_kernels
+
+
+def test_mla_proj_merged_takes_three_gemms_and_the_gate_leg():
+    """B <= 16: per MLA layer one skinny GEMM for three cuBLAS calls, before the KV fork;
+    no g_proj leg on S2. B = 64 keeps the baseline plan."""
+    base, p = P.build_plan(FULL), P.build_plan(FULL, parse("mla_proj_merged"))
+    assert p.triton_kernels - base.triton_kernels == 24
+    assert base.cublas_calls - p.cublas_calls == 3 * 24
+    assert p.forks() == Counter({P.AUX1: 24 + 92, P.AUX2: 69})
+    mla = next(s for s in p.segments if s.family == "mla")
+    first = [(type(i).__name__, getattr(i, "subop", getattr(i, "side", ""))) for i in mla.items[:3]]
+    assert first == [("Launch", P.X_PROJ), ("Fork", P.AUX1), ("Launch", P.Q_A_NORM)]
+    assert mla.items[0].launcher == "skinny_mm" and mla.items[0].stream == P.MAIN
+    assert not {P.Q_A, P.KV_A, P.G_PROJ} & {l.subop for l in mla.launches}
+    b64 = FULL.with_(batch=64)
+    assert P.build_plan(b64, parse("mla_proj_merged")).segments == P.build_plan(b64).segments
+    assert FULL.x_proj_width == 1536 + 576 + 1536
 
 
 def test_attn_res_fused_fits_like_the_op():

@@ -140,6 +140,7 @@ SKINNY_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (7168, 5120): (64, 256, 8, 4),   # its rest (router_fork)
     (7168, 6144): (64, 256, 8, 4),   # KDA qkvg       22.8 us vs 26.6
     (3584, 7168): (64, 128, 4, 6),   # MoE up         14.5 us vs 18.0
+    (7168, 3648): (32, 256, 4, 4),   # MLA q_a | kv_a | g_proj (mla_proj_merged): not yet swept
 }
 SKINNY_DEFAULT = (64, 256, 8, 4)
 

@@ -35,15 +35,10 @@ SPLIT_BV = 32      # unfused step: V split in 4 -> 48 programs at B = 1
 # Short convolution (width 4) + SiLU over the q, k, v channels.
 # --------------------------------------------------------------------------------------
 @triton.jit
-def kda_conv_silu_kernel(qkvg, conv_state, conv_w, slot_idx, out, C,
-                         stride_x, stride_ss, stride_sj, stride_out, pf, pf_bytes,
-                         BLOCK: tl.constexpr, PF_CHUNKS: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
-    b = tl.program_id(0)
-    cs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    cm = cs < C
-    # The window and the taps are older data: read them before the wait.
-    slot = tl.load(slot_idx + b).to(tl.int64)
-    sp = conv_state + slot * stride_ss + cs
+def _conv_window(sp, conv_w, cs, cm, stride_sj):
+    """Channels cs of one slot's window (its 3 older inputs, oldest first) and their taps:
+    older data, read before the PDL wait. Returns the taps' sum over the 3 older inputs,
+    the two inputs the shift keeps, and the newest input's tap."""
     s0 = tl.load(sp, mask=cm, other=0.0)
     s1 = tl.load(sp + stride_sj, mask=cm, other=0.0)
     s2 = tl.load(sp + 2 * stride_sj, mask=cm, other=0.0)
@@ -51,17 +46,36 @@ def kda_conv_silu_kernel(qkvg, conv_state, conv_w, slot_idx, out, C,
     w1 = tl.load(conv_w + cs * 4 + 1, mask=cm, other=0.0).to(tl.float32)
     w2 = tl.load(conv_w + cs * 4 + 2, mask=cm, other=0.0).to(tl.float32)
     w3 = tl.load(conv_w + cs * 4 + 3, mask=cm, other=0.0).to(tl.float32)
+    older = w0 * s0.to(tl.float32) + w1 * s1.to(tl.float32) + w2 * s2.to(tl.float32)
+    return older, s1, s2, w3
+
+
+@triton.jit
+def _conv_silu_shift(sp, stride_sj, x, older, s1, s2, w3, store_mask):
+    """SiLU(conv4 over [window, x]) in fp32; the window shifts in place where store_mask."""
+    acc = older + w3 * x.to(tl.float32)
+    # Each program owns its channels of this slot's window: the in-place shift cannot race.
+    tl.store(sp, s1, mask=store_mask)
+    tl.store(sp + stride_sj, s2, mask=store_mask)
+    tl.store(sp + 2 * stride_sj, to_dtype(x, sp.dtype.element_ty), mask=store_mask)
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
+def kda_conv_silu_kernel(qkvg, conv_state, conv_w, slot_idx, out, C,
+                         stride_x, stride_ss, stride_sj, stride_out, pf, pf_bytes,
+                         BLOCK: tl.constexpr, PF_CHUNKS: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    b = tl.program_id(0)
+    cs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cm = cs < C
+    slot = tl.load(slot_idx + b).to(tl.int64)
+    sp = conv_state + slot * stride_ss + cs
+    older, s1, s2, w3 = _conv_window(sp, conv_w, cs, cm, stride_sj)
     pdl_wait(USE_PDL)
     x = tl.load(qkvg + b.to(tl.int64) * stride_x + cs, mask=cm, other=0.0)
     l2_prefetch(pf, pf_bytes, PF_CHUNKS)  # o_proj's weight, read after kda_step (prefetch:<MB>)
-    acc = w0 * s0.to(tl.float32) + w1 * s1.to(tl.float32) + w2 * s2.to(tl.float32) \
-        + w3 * x.to(tl.float32)
-    # Each program owns its channels of this slot's window: the in-place shift cannot race.
-    tl.store(sp, s1, mask=cm)
-    tl.store(sp + stride_sj, s2, mask=cm)
-    tl.store(sp + 2 * stride_sj, to_dtype(x, conv_state.dtype.element_ty), mask=cm)
-    tl.store(out + b.to(tl.int64) * stride_out + cs,
-             to_dtype(acc * tl.sigmoid(acc), out.dtype.element_ty), mask=cm)
+    y = _conv_silu_shift(sp, stride_sj, x, older, s1, s2, w3, cm)
+    tl.store(out + b.to(tl.int64) * stride_out + cs, to_dtype(y, out.dtype.element_ty), mask=cm)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
 
@@ -87,11 +101,15 @@ def kda_conv_silu(qkvg: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Te
 # --------------------------------------------------------------------------------------
 @triton.jit
 def kda_step_kernel(qkv, fab, fb, A_log, dt_bias, g_out, state, slot_idx, norm_w, out,
+                    conv_state, conv_w,
                     stride_qkv, stride_fab, stride_fb, stride_g, stride_out,
-                    stride_ss, stride_sh, B_OFF, q_scale, eps,
+                    stride_ss, stride_sh, stride_cs, stride_cj, B_OFF, q_scale, eps,
                     NH: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                    FUSE_NORM: tl.constexpr,
+                    FUSE_NORM: tl.constexpr, CONV: tl.constexpr,
                     USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # CONV (variant kda_conv_fused, FUSE_NORM): qkv is the qkvg GEMM's output and the short conv +
+    # SiLU of this head's q, k, v channels runs here, rounded to qkv's dtype as
+    # kda_conv_silu's output is: the same numbers as the pair, one launch fewer.
     b = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -105,14 +123,37 @@ def kda_step_kernel(qkv, fab, fb, A_log, dt_bias, g_out, state, slot_idx, norm_w
     dtb = tl.load(dt_bias + h * DK + ks).to(tl.float32)
     if FUSE_NORM:
         nw = tl.load(norm_w + vs).to(tl.float32)
-        # g comes from the qkvg GEMM, which precedes the conv kernel: older than our producer.
-        gate = tl.load(g_out + b.to(tl.int64) * stride_g + h * DV + vs).to(tl.float32)
+        if not CONV:
+            # g comes from the qkvg GEMM, which precedes the conv kernel: older than our producer.
+            gate = tl.load(g_out + b.to(tl.int64) * stride_g + h * DV + vs).to(tl.float32)
+    qc = h * DK + ks
+    kc = NH * DK + h * DK + ks
+    vc = 2 * NH * DK + h * DV + vs
+    if CONV:
+        win = conv_state + slot * stride_cs
+        all_k = ks < DK
+        all_v = vs < DV
+        q_old, q_s1, q_s2, q_w3 = _conv_window(win + qc, conv_w, qc, all_k, stride_cj)
+        k_old, k_s1, k_s2, k_w3 = _conv_window(win + kc, conv_w, kc, all_k, stride_cj)
+        v_old, v_s1, v_s2, v_w3 = _conv_window(win + vc, conv_w, vc, all_v, stride_cj)
     # fab / fb come from the S2 GEMMs: with forks off one may be our direct producer.
     pdl_wait(USE_PDL)
     row = qkv + b.to(tl.int64) * stride_qkv
-    q = tl.load(row + h * DK + ks).to(tl.float32)
-    k = tl.load(row + NH * DK + h * DK + ks).to(tl.float32)
-    v = tl.load(row + 2 * NH * DK + h * DV + vs).to(tl.float32)
+    if CONV:
+        if FUSE_NORM:
+            # g: our producer's output now (the qkvg GEMM), so after the wait.
+            gate = tl.load(g_out + b.to(tl.int64) * stride_g + h * DV + vs).to(tl.float32)
+        # One program per head (the fused norm's grid): it owns the head's window rows.
+        q = _conv_silu_shift(win + qc, stride_cj, tl.load(row + qc), q_old, q_s1, q_s2, q_w3, all_k)
+        k = _conv_silu_shift(win + kc, stride_cj, tl.load(row + kc), k_old, k_s1, k_s2, k_w3, all_k)
+        v = _conv_silu_shift(win + vc, stride_cj, tl.load(row + vc), v_old, v_s1, v_s2, v_w3, all_v)
+        q = to_dtype(q, qkv.dtype.element_ty).to(tl.float32)
+        k = to_dtype(k, qkv.dtype.element_ty).to(tl.float32)
+        v = to_dtype(v, qkv.dtype.element_ty).to(tl.float32)
+    else:
+        q = tl.load(row + qc).to(tl.float32)
+        k = tl.load(row + kc).to(tl.float32)
+        v = tl.load(row + vc).to(tl.float32)
     f = tl.load(fb + b.to(tl.int64) * stride_fb + h * DK + ks).to(tl.float32)
     beta = tl.sigmoid(tl.load(fab + b.to(tl.int64) * stride_fab + B_OFF + h).to(tl.float32))
     q = q * (tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * q_scale)
@@ -151,12 +192,19 @@ def kda_gated_rmsnorm_kernel(o, g_out, norm_w, out, stride_o, stride_g, stride_o
     pdl_trigger(USE_PDL)
 
 
-def _step_shapes(qkv, fab, fb, A_log, dt_bias, state, slot_idx):
+def _step_shapes(qkv, fab, fb, A_log, dt_bias, state, slot_idx, conv=None):
     B = qkv.shape[0]
     _, NH, DV, DK = state.shape
+    C = 2 * NH * DK + NH * DV
     assert state.dtype == torch.float32 and state.stride(3) == 1 and state.stride(2) == DK
     assert DK == next_pow2(DK) and DV == next_pow2(DV)
-    assert qkv.shape == (B, 2 * NH * DK + NH * DV) and qkv.stride(1) == 1
+    if conv is None:
+        assert qkv.shape == (B, C) and qkv.stride(1) == 1
+    else:  # qkvg: q | k | v | g, of which the conv reads the first C channels
+        conv_state, conv_w = conv
+        assert qkv.shape[0] == B and qkv.shape[1] >= C and qkv.stride(1) == 1
+        assert conv_state.shape[1:] == (3, C) and conv_state.stride(2) == 1 and conv_state.dtype == qkv.dtype
+        assert conv_w.shape == (C, 4) and conv_w.is_contiguous()
     assert fab.shape[0] == B and fab.shape[1] >= NH and fab.stride(1) == 1
     assert fb.shape == (B, NH * DK) and fb.stride(1) == 1
     assert A_log.shape == (NH,) and dt_bias.shape == (NH * DK,) and slot_idx.shape == (B,)
@@ -167,15 +215,20 @@ def kda_step(qkv: torch.Tensor, fab: torch.Tensor, fb: torch.Tensor, A_log: torc
              dt_bias: torch.Tensor, g_out: torch.Tensor, state: torch.Tensor,
              slot_idx: torch.Tensor, norm_w: torch.Tensor, out: torch.Tensor, *,
              fuse_norm: bool = True, o_scratch: torch.Tensor | None = None, eps: float = EPS,
-             delay_ns: int = 0) -> torch.Tensor:
+             conv: tuple[torch.Tensor, torch.Tensor] | None = None, delay_ns: int = 0) -> torch.Tensor:
     """One delta-rule step per (token, head), state updated in place.
 
     fuse_norm=True: out = gated RMSNorm of o (grid (B, NH): the norm needs all of V).
     fuse_norm=False: o (fp32 or bf16) goes to o_scratch; grid (B, NH, DV/32) keeps more
     programs busy at small B; run `kda_gated_rmsnorm(o_scratch, g_out, norm_w, out)` next.
+    conv = (conv_state, conv_w) (variant kda_conv_fused; fuse_norm only): qkv is the qkvg
+    GEMM's output and kda_conv_silu runs inside, window shift included; bit for bit the
+    pair's results. (With V split, every program of a head reads q's and k's window, so
+    none could shift it in place.)
     Returns the tensor written (out or o_scratch).
     """
-    B, NH, DV, DK = _step_shapes(qkv, fab, fb, A_log, dt_bias, state, slot_idx)
+    B, NH, DV, DK = _step_shapes(qkv, fab, fb, A_log, dt_bias, state, slot_idx, conv)
+    assert conv is None or fuse_norm, "the conv runs inside the step on the fused norm's grid only"
     if fuse_norm:
         assert out.shape == (B, NH * DV) and out.stride(1) == 1
         assert g_out.shape == (B, NH * DV) and g_out.stride(1) == 1 and norm_w.shape == (DV,)
@@ -183,10 +236,13 @@ def kda_step(qkv: torch.Tensor, fab: torch.Tensor, fb: torch.Tensor, A_log: torc
     else:
         assert o_scratch is not None and o_scratch.shape == (B, NH * DV) and o_scratch.stride(1) == 1
         dst, BV, warps = o_scratch, min(SPLIT_BV, DV), 4
+    conv_state, conv_w = conv if conv is not None else (state, state)
     launch(kda_step_kernel, (B, NH, DV // BV), qkv, fab, fb, A_log, dt_bias, g_out, state,
-           slot_idx, norm_w, dst, qkv.stride(0), fab.stride(0), fb.stride(0), g_out.stride(0),
-           dst.stride(0), state.stride(0), state.stride(1), fab.shape[1] - NH, DK ** -0.5, eps,
-           NH=NH, DK=DK, DV=DV, BV=BV, FUSE_NORM=fuse_norm, num_warps=warps, delay_ns=delay_ns)
+           slot_idx, norm_w, dst, conv_state, conv_w, qkv.stride(0), fab.stride(0), fb.stride(0),
+           g_out.stride(0), dst.stride(0), state.stride(0), state.stride(1), conv_state.stride(0),
+           conv_state.stride(1), fab.shape[1] - NH, DK ** -0.5, eps,
+           NH=NH, DK=DK, DV=DV, BV=BV, FUSE_NORM=fuse_norm, CONV=conv is not None, num_warps=warps,
+           delay_ns=delay_ns)
     return dst
 
 
