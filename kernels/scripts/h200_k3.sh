@@ -185,11 +185,11 @@ campaign7_test)  # the fourth round's GPU tests, standalone cases and sweep, C8/
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
-  for nv in ${REC:-c14=$C14 c16=$C16}; do
+  for nv in c14=$C14 c15=$C15; do
     for r in a b; do rec k3_full_${nv%%=*}_$r --steps 40 --variant ${nv#*=}; done
   done
   pack k3_c14
-  timeout 150 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline ${BIG:-$C16} \
+  timeout 150 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline $C14 \
     --json $OUT/step7_b8_64.json 2>&1 | grep "B=" ;;
 campaign3_final)  # after the third round's last kernel change: every GPU test but CuTe DSL's
   set -o pipefail
