@@ -311,9 +311,10 @@ def attn_res_rows(B: int, calls: int) -> dict[str, float]:
 
 def moe_tail(B: int, calls: int) -> dict[str, float]:
     """The MoE tail at one token: weighted sum -> latent RMSNorm -> up GEMM (skinny), or the
-    up GEMM forming its operand itself (moe_tail_fused). Up weights rotate past the L2."""
+    up GEMM forming its operand itself (moe_tail_fused), or the sum and the norm in one
+    program (moe_sum_norm_fused). Up weights rotate past the L2."""
     from kernels.k3.ops.gemv import skinny_mm, skinny_mm_mixnorm
-    from kernels.k3.ops.moe import moe_weighted_sum, weighted_sum_chunks
+    from kernels.k3.ops.moe import moe_weighted_sum, moe_weighted_sum_norm, weighted_sum_chunks
     from kernels.k3.ops.norm import rmsnorm
 
     if B != 1:
@@ -334,7 +335,9 @@ def moe_tail(B: int, calls: int) -> dict[str, float]:
                                           calls),
             "latent_norm_folded": per_call_us(lambda i: (moe_weighted_sum(y, wts, lat, sumsq=sumsq),
                                                          skinny_mm(lat, ups[i % len(ups)], out,
-                                                                   rms_of=(sumsq, 1e-6))), calls)}
+                                                                   rms_of=(sumsq, 1e-6))), calls),
+            "moe_sum_norm_fused": per_call_us(lambda i: (moe_weighted_sum_norm(y, wts, gamma, lat_n),
+                                                         skinny_mm(lat_n, ups[i % len(ups)], out)), calls)}
 
 
 def _copies(nbytes: int) -> int:
@@ -443,11 +446,12 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "router_align_fused": (92, "router -> align", "router_align_fused"),
            "mlp_residual_folded": (92, "add3 -> score", "mlp_residual_folded"),
            "kda_conv_fused": (69, "conv -> kda_step", "kda_conv_fused"),
+           "moe_sum_norm_fused": (92, "weighted sum -> norm -> up", "moe_sum_norm_fused"),
            "mla_proj_merged": (24, "q_a, kv_a, g_proj", "mla_proj_merged")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
-           "latent_norm_folded": "moe_tail_fused"}
+           "latent_norm_folded": "moe_tail_fused", "moe_sum_norm_fused": "moe_tail_fused"}
 
 
 def main() -> int:

@@ -50,6 +50,7 @@ from kernels.k3.ops.moe import (
     moe_grouped_gemm,
     moe_router,
     moe_weighted_sum,
+    moe_weighted_sum_norm,
     router_scratch_shape,
     situ_mul,
     weighted_sum_chunks,
@@ -650,6 +651,10 @@ class K3Decode:
             if P.moe_tail_fuses(cfg, v):
                 self._triton(P.UP, skinny_mm_mixnorm, s.expert_y, weights, w.latent_norm, w.up,
                              s.routed_out, cfg.norm_eps)
+            elif P.sum_norm_fuses(cfg, v):
+                self._triton(P.WEIGHTED_SUM, moe_weighted_sum_norm, s.expert_y, weights, w.latent_norm,
+                             s.routed_lat_n, cfg.norm_eps)
+                self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
             elif P.latent_norm_folds(cfg, v):
                 self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
                              sumsq=s.lat_sumsq, **self._prefetch(w.up))

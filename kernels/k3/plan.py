@@ -82,6 +82,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "moe_grouped_gemm": ("moe_grouped_gemm_kernel",),
     "situ_mul": ("situ_mul_kernel",),
     "moe_weighted_sum": ("moe_weighted_sum_kernel",),
+    "moe_weighted_sum_norm": ("moe_weighted_sum_norm_kernel",),  # moe_sum_norm_fused
     "gemv": ("gemv_kernel",),
     "skinny_mm": ("skinny_mm_kernel",),
     "skinny_mm_mixnorm": ("skinny_mm_kernel",),  # the same kernel with MIX_K (moe_tail_fused)
@@ -330,6 +331,25 @@ def latent_norm_folds(cfg: K3Config, v: Variant) -> bool:
     return v.latent_norm_folded and linear_is_triton(cfg, v, UP) and not moe_tail_fuses(cfg, v)
 
 
+def sum_norm_fuses(cfg: K3Config, v: Variant) -> bool:
+    """moe_sum_norm_fused: at B <= SKINNY_MAX_B one program per token forms the weighted sum
+    of its expert rows and the latent RMSNorm of it (the row fits its registers), so the
+    norm's launch and its dependent hop go. Not with the two tails that already take the
+    norm (moe_tail_fused, latent_norm_folded)."""
+    return (v.moe_sum_norm_fused and cfg.batch <= SKINNY_MAX_B and not moe_tail_fuses(cfg, v)
+            and not latent_norm_folds(cfg, v))
+
+
+def _moe_tail(cfg: K3Config, v: Variant) -> list[Item]:
+    """Weighted sum -> latent RMSNorm -> up GEMM, or one of the variants that fuse them."""
+    if moe_tail_fuses(cfg, v):
+        return [_t(UP, MAIN, "skinny_mm_mixnorm")]
+    if sum_norm_fuses(cfg, v):
+        return [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum_norm"), _mm(UP, MAIN)]
+    norm = [] if latent_norm_folds(cfg, v) else [_t(LATENT_NORM, MAIN, "rmsnorm")]
+    return [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"), *norm, _mm(UP, MAIN)]
+
+
 def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     # The shared-expert fork stays on in every variant (no_attn_forks is attention only).
     key = "moe_router/multipass" if v.router_multipass else None
@@ -350,9 +370,7 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
         _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"),
         *([] if v.situ_fused else [_t(EXPERT_ACT, MAIN, "situ_mul")]),
         _t(EXPERT_DOWN, MAIN, "moe_grouped_gemm"),
-        *([_t(UP, MAIN, "skinny_mm_mixnorm")] if moe_tail_fuses(cfg, v) else
-          [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"),
-           *([] if latent_norm_folds(cfg, v) else [_t(LATENT_NORM, MAIN, "rmsnorm")]), _mm(UP, MAIN)]),
+        *_moe_tail(cfg, v),
         Join(AUX1), _t(ADD3, MAIN, "add3"), AllReduce(),
     ]
 

@@ -63,6 +63,8 @@ C13=$C8+linear_early_weights
 C14=$C8+kda_conv_fused
 C15=$C8+mla_proj_merged
 C16=$C14+mla_proj_merged
+# mla_proj_merged was slower (campaign7_test): the chain goes on from C14.
+C17=$C14+moe_sum_norm_fused
 
 case $phase in
 campaign_test)
@@ -182,6 +184,23 @@ campaign7_test)  # the fourth round's GPU tests, standalone cases and sweep, C8/
     --sweep-shapes mla_proj_merged "q_a /" --json $OUT/ops7_b1.json 2>&1 | grep -v "^ *$" | tail -12
   timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
     --variants $C8 $C14 $C15 $C16 $C8 $C14 $C15 $C16 --json $OUT/step7.json 2>&1 | grep "B=" ;;
+campaign8)  # moe_sum_norm_fused: GPU tests, the MoE tail case, C14/C17 at B = 1 and 8, C17 recorded
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  set -o pipefail
+  timeout 90 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py \
+    -k "weighted_sum or moe or kda" 2>&1 | tee $OUT/gpu_ops.log | tail -1
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "variant_pairs or kernel_nodes or reference" 2>&1 | tee $OUT/gpu_model.log | tail -1
+  timeout 100 python3 bench/bench_k3_ops.py --batch 1 --cases moe_tail_fused --json $OUT/ops8_b1.json 2>&1 | \
+    grep -A5 "^moe_tail_fused (B"
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C14 $C17 $C14 $C17 $C14 $C17 \
+    --json $OUT/step8.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c17_$r --steps 40 --variant $C17; done
+  rec k3_bs1_c17 --layers 8 --steps 40 --variant $C17
+  pack k3_c17
+  timeout 120 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline $C17 \
+    --json $OUT/step8_b8_64.json 2>&1 | grep "B=" ;;
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

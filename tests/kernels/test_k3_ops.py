@@ -596,6 +596,23 @@ def test_delay_ns_is_accepted():
 
 # =========================================================================================
 # Offline sm_90 compile of every kernel at the real shapes (no GPU needed)
+@pytest.mark.parametrize("B, K, N", [(1, 16, 3584), (3, 4, 200)])
+def test_moe_weighted_sum_norm_is_the_pair(B, K, N):
+    """Variant moe_sum_norm_fused: one program per token gives moe_weighted_sum -> rmsnorm's
+    output bit for bit (the sum rounded to bf16 before the norm, as the pair's row is), and
+    the float64 reference's within bf16."""
+    g = gen(9)
+    y, gamma = randn(g, B * K, N), randn(g, N)
+    w = torch.rand(B, K, generator=g, device=DEV, dtype=F32)
+    row, pair, fused = (torch.empty(B, N, device=DEV, dtype=BF) for _ in range(3))
+    moe.moe_weighted_sum(y, w, row)
+    norm.rmsnorm(row, gamma, pair, 1e-6)
+    moe.moe_weighted_sum_norm(y, w, gamma, fused, 1e-6)
+    assert torch.equal(pair, fused)
+    mix = (w.double()[:, :, None] * y.double().view(B, K, N)).sum(1)
+    close(fused, (mix * torch.rsqrt(mix.pow(2).mean(1, keepdim=True) + 1e-6) * gamma.double()).to(BF))
+
+
 @pytest.mark.parametrize("NH,D", [(2, 32), (3, 128)])
 def test_kda_conv_fused_is_the_pair(NH, D):
     """Variant kda_conv_fused: kda_step with the conv inside gives what kda_conv_silu ->
@@ -709,6 +726,7 @@ for B in (1, 8, 64):
     moe.moe_grouped_gemm(e(P, 768), e(896, 3584, 384), *al, e(P, 3584), x_is_per_token=False, act_in=True)
     moe.situ_mul(e(P, 768), e(P, 384)); moe.situ_mul(e(B, 6016)[:, 4480:], e(B, 768))
     moe.moe_weighted_sum(e(P, 3584), w, e(B, 3584))
+    moe.moe_weighted_sum_norm(e(P, 3584), w, e(3584), e(B, 3584))  # variant moe_sum_norm_fused
     gemv.gemv(e(B, H), e(140, H), e(B, 140)); gemv.gemv(e(B, H), e(896, H), e(B, 896))
     if B <= gemv.SKINNY_MAX_B:  # variant triton_linear: every shape's config
         for (K, N), cfg in [((H, 5120), None), *gemv.SKINNY_CONFIGS.items()]:

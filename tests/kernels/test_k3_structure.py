@@ -135,6 +135,7 @@ def test_baseline_counts():
     ("latent_norm_folded", 0),          # likewise
     ("linear_early_weights", 0),        # the same skinny GEMMs, a load moved
     ("kda_conv_fused", -69),            # the conv launch, now inside kda_step
+    ("moe_sum_norm_fused", -92),        # the latent RMSNorm, now in the weighted sum's program
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -247,6 +248,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.ADD3 if seg.family == "moe" else P.RESIDUAL_ADD)  # in the next score
         if seg.family == "moe" and v.situ_fused:
             ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
+        if seg.family == "moe" and P.sum_norm_fuses(cfg, v):
+            ops.append(P.LATENT_NORM)  # in the weighted sum's program
         if seg.family == "kda" and P.kda_conv_fuses(cfg, v):
             ops.append(P.CONV)  # inside kda_step
         if P.X_PROJ in ops:  # mla_proj_merged: x's three projections in one GEMM
@@ -292,6 +295,15 @@ def test_kda_conv_fused_keeps_the_conv_where_it_cannot_fuse():
     for extra in ("kda_norm_separate", "kda_cute"):
         base = P.build_plan(FULL, parse(extra))
         assert P.build_plan(FULL, parse(f"{extra}+kda_conv_fused")).triton_kernels == base.triton_kernels
+
+
+def test_moe_sum_norm_fused_applies_up_to_b16_and_alone():
+    """B <= 16 and not with the tails that already take the norm; at B = 64 the pair stays."""
+    for B, delta in ((1, -92), (16, -92), (64, 0)):
+        cfg = FULL.with_(batch=B)
+        assert P.build_plan(cfg, parse("moe_sum_norm_fused")).triton_kernels - P.build_plan(cfg).triton_kernels == delta
+    for other in ("triton_linear+latent_norm_folded", "triton_linear+moe_tail_fused"):
+        assert P.build_plan(FULL, parse(f"{other}+moe_sum_norm_fused")).segments == P.build_plan(FULL, parse(other)).segments
 
 
 def test_mla_proj_merged_takes_three_gemms_and_the_gate_leg():

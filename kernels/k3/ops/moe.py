@@ -37,6 +37,7 @@ from kernels.k3.ops.common import (
     tanh,
     to_dtype,
 )
+from kernels.k3.ops.norm import MAX_N
 
 ID_BITS = 16  # expert ids < 65536 in the packed key
 ROUTER_GROUP = 128  # multipass: experts per pass-1 program (7 groups at E = 896)
@@ -398,6 +399,48 @@ def moe_weighted_sum_kernel(y, topk_w, out, N, stride_y, stride_out, pf, pf_byte
         tl.store(sumsq + b * tl.num_programs(1) + tl.program_id(1), tl.sum(r * r, 0))
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
+
+
+@triton.jit
+def moe_weighted_sum_norm_kernel(y, topk_w, gamma, out, N, stride_y, stride_out, eps,
+                                 TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+                                 USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # Variant moe_sum_norm_fused: one program per token does moe_weighted_sum (the same fp32
+    # sums in k order, rounded to the latent's dtype) and then rmsnorm over the whole row
+    # (the same block and warps as rmsnorm_kernel, so the same reduction): one launch, and
+    # one dependent hop, fewer before the up GEMM.
+    b = tl.program_id(0).to(tl.int64)
+    ns = tl.arange(0, BLOCK)
+    nm = ns < N
+    kk = tl.arange(0, KP)
+    wv = tl.load(topk_w + b * TOP_K + kk, mask=kk < TOP_K, other=0.0)  # older: the router's
+    g = tl.load(gamma + ns, mask=nm, other=0.0).to(tl.float32)
+    pdl_wait(USE_PDL)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):  # unrolled: the 16 row loads issue together
+        wk = tl.sum(tl.where(kk == k, wv, 0.0), 0)
+        acc += wk * tl.load(y + (b * TOP_K + k) * stride_y + ns, mask=nm, other=0.0).to(tl.float32)
+    v = to_dtype(acc, out.dtype.element_ty).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(v * v, 0) / N + eps)
+    tl.store(out + b * stride_out + ns, to_dtype(v * rstd * g, out.dtype.element_ty), mask=nm)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+def moe_weighted_sum_norm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor, out: torch.Tensor,
+                          eps: float = 1e-6, *, delay_ns: int = 0) -> torch.Tensor:
+    """out[b] = rmsnorm(sum_k topk_w[b, k] * y[b * top_k + k]) * gamma: moe_weighted_sum then
+    rmsnorm in one launch, bit for bit (the sum is rounded to out's dtype before the norm,
+    as the pair's intermediate row is)."""
+    B, K = topk_w.shape
+    P, N = y.shape
+    assert P == B * K and out.shape == (B, N) and topk_w.is_contiguous() and gamma.shape == (N,)
+    assert y.stride(1) == 1 and out.stride(1) == 1 and topk_w.dtype == torch.float32 and gamma.is_contiguous()
+    BLOCK = next_pow2(N)
+    assert BLOCK <= MAX_N, "the whole row sits in one program's registers"
+    launch(moe_weighted_sum_norm_kernel, (B,), y, topk_w, gamma, out, N, y.stride(0), out.stride(0), eps,
+           TOP_K=K, KP=next_pow2(K), BLOCK=BLOCK, num_warps=8 if BLOCK >= 4096 else 4, delay_ns=delay_ns)
+    return out
 
 
 def weighted_sum_chunks(N: int) -> int:
