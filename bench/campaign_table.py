@@ -35,6 +35,9 @@ STANDALONE = {
     "mlp_residual_folded": (92, "mlp_residual_folded", "add3 -> score", "mlp_residual_folded"),
     "moe_tail_fused": (92, "moe_tail_fused", "weighted sum -> norm -> up", "moe_tail_fused"),
     "latent_norm_folded": (92, "moe_tail_fused", "weighted sum -> norm -> up", "latent_norm_folded"),
+    "kda_conv_fused": (69, "kda_conv_fused", "conv -> kda_step", "kda_conv_fused"),
+    "mla_proj_merged": (24, "mla_proj_merged", "q_a, kv_a, g_proj", "mla_proj_merged"),
+    "moe_sum_norm_fused": (92, "moe_tail_fused", "weighted sum -> norm -> up", "moe_sum_norm_fused"),
 }
 #: Changes that keep their kernels' names (other code inside): k3trace reports them as
 #: duration edits of these kernels, which are then the change's own edits too.
@@ -43,6 +46,7 @@ OWN_KERNELS = {
     "moe_tail_fused": ("skinny_mm_kernel",),
     "latent_norm_folded": ("skinny_mm_kernel", "moe_weighted_sum_kernel"),
     "linear_early_weights": ("skinny_mm_kernel",),
+    "kda_conv_fused": ("kda_step_kernel",),
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).
