@@ -392,6 +392,40 @@ def linear_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, di
     return res
 
 
+SPLIT_CONFIGS = [(64, 256, 8, 4), (64, 128, 4, 4), (128, 256, 8, 3), (32, 256, 4, 4), (64, 256, 4, 3), (128, 128, 8, 4)]
+SPLITS = (2, 3, 4, 6, 8)
+
+
+def split_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Variant linear_split_k: per shape, the best unsplit skinny config (SKINNY_SWEEP)
+    against the best (config, split) over SPLIT_CONFIGS x SPLITS."""
+    from kernels.k3.ops.gemv import alloc_split_k, skinny_mm
+
+    res = {}
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for name, (K, N, layers) in LINEAR_SHAPES.items():
+        if only and not any(o in name for o in only):
+            continue
+        n = _copies(K * N * 2)
+        ws = [torch.randn(K, N, device="cuda", dtype=BF, generator=g) * K ** -0.5 for _ in range(n)]
+        x = torch.randn(B, K, device="cuda", dtype=BF, generator=g)
+        out = torch.empty(B, N, device="cuda", dtype=BF)
+        buf = alloc_split_k(N, "cuda")
+        from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT
+
+        mine = SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)  # the unsplit kernel's own choice (its sweep)
+        unsplit = min((_try_us(lambda i, c=c: skinny_mm(x, ws[i % n], out, config=c), calls), c)
+                      for c in {mine, SKINNY_DEFAULT})
+        split = min((_try_us(lambda i, c=c, s=s: skinny_mm(x, ws[i % n], out, config=c, split_k=buf, splits=s),
+                             calls), c, s) for c in SPLIT_CONFIGS for s in SPLITS)
+        res[name] = {"K": K, "N": N, "layers": layers, "unsplit_us": unsplit[0], "unsplit_config": unsplit[1],
+                     "split_us": split[0], "split_config": split[1], "splits": split[2],
+                     "split_tb_s": K * N * 2 / (split[0] * 1e-6) / 1e12}
+        del ws
+        torch.cuda.empty_cache()
+    return res
+
+
 def grouped_sweep(B: int, calls: int) -> dict[str, dict]:
     """The routed-expert grouped GEMMs over block shapes (the default is block_n 64,
     block_k 128, 4 warps, 4 stages)."""
@@ -462,7 +496,9 @@ def main() -> int:
     p.add_argument("--sweep", action="store_true", help="also sweep the dense and grouped GEMM configs")
     p.add_argument("--sweep-shapes", nargs="*", default=(),
                    help="sweep only the dense shapes whose name contains one of these (no grouped sweep)")
-    p.add_argument("--cases", nargs="*", default=(), help="run only these standalone cases")
+    p.add_argument("--cases", nargs="*", default=None, help="run only these standalone cases (none: no case)")
+    p.add_argument("--split-sweep", nargs="*", default=None,
+                   help="sweep split-K configs (linear_split_k) for the dense shapes whose name contains one of these")
     args = p.parse_args()
     B = args.batch
     runs = {"router_fork": lambda: router_head(B, args.calls), "mla_combine_wide": lambda: mla_combine(B, 50),
@@ -472,7 +508,7 @@ def main() -> int:
             "attn_res_fused": lambda: attn_res(B, 50, 8), "attn_res_fused, 2 rows": lambda: attn_res(B, 50, 2),
             "attn_res_rows": lambda: attn_res_rows(B, 50), "moe_tail_fused": lambda: moe_tail(B, args.calls),
             "kda_conv_fused": lambda: kda_conv(B, args.calls), "mla_proj_merged": lambda: mla_proj(B, args.calls)}
-    cases = {name: run() for name, run in runs.items() if not args.cases or name in args.cases}
+    cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")
         for k, v in res.items():
@@ -484,6 +520,13 @@ def main() -> int:
             print(f"linear {name:30s} K={r['K']:5d} N={r['N']:5d}: cuBLAS {r['cublas_us']:7.2f} us "
                   f"({r['cublas_tb_s']:.2f} TB/s), skinny {r['skinny_us']:7.2f} us ({r['skinny_tb_s']:.2f} TB/s) "
                   f"at {r['best_config']}; x{r['layers']} = {(r['cublas_us'] - r['skinny_us']) * r['layers'] / 1e3:+.3f} ms saved")
+    if args.split_sweep is not None:
+        sweeps["split"] = split_sweep(B, args.calls, tuple(args.split_sweep))
+        for name, r in sweeps["split"].items():
+            print(f"split {name:40s} K={r['K']:5d} N={r['N']:5d}: unsplit {r['unsplit_us']:7.2f} us at "
+                  f"{r['unsplit_config']}, split {r['split_us']:7.2f} us ({r['split_tb_s']:.2f} TB/s) at "
+                  f"{r['split_config']} x{r['splits']}; x{r['layers']} = "
+                  f"{(r['unsplit_us'] - r['split_us']) * r['layers'] / 1e3:+.3f} ms saved")
     if args.sweep:
         sweeps["grouped"] = grouped_sweep(B, args.calls)
         for name, r in sweeps["grouped"].items():

@@ -87,8 +87,19 @@ def main() -> int:
     p.add_argument("--json", default="")
     p.add_argument("--variants", nargs="+", default=["baseline"],
                    help="builds to time side by side in this run (the floor uses each build's routing)")
+    p.add_argument("--split-table", default="",
+                   help="bench_k3_ops.py --split-sweep JSON: linear_split_k takes its splits from it "
+                        "(the shapes where splitting won), to time a candidate table before it is committed")
     args = p.parse_args()
     from kernels.k3 import build_model
+
+    if args.split_table:
+        from kernels.k3.ops import gemv
+
+        for r in json.load(open(args.split_table))["sweeps"]["split"].values():
+            if r["split_us"] < r["unsplit_us"]:
+                gemv.SKINNY_SPLITS[(r["K"], r["N"])] = (tuple(r["split_config"]), r["splits"])
+        print("split table:", gemv.SKINNY_SPLITS)
 
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + written)")

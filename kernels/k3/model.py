@@ -55,7 +55,7 @@ from kernels.k3.ops.moe import (
     situ_mul,
     weighted_sum_chunks,
 )
-from kernels.k3.ops.gemv import gemv, skinny_mm, skinny_mm_mixnorm
+from kernels.k3.ops.gemv import alloc_split_k, gemv, skinny_mm, skinny_mm_mixnorm
 from kernels.k3.ops.norm import rmsnorm
 from kernels.k3.variants import BASELINE, Variant
 from kernels.streams import Streams, fork, join, nvtx_range, on
@@ -236,6 +236,8 @@ class K3Decode:
         self.s = Scratch(cfg, self.device)
         if P.mla_proj_merges(cfg, variant):
             self.s.merge_mla_projections(cfg)
+        # linear_split_k: one set of partials and tickets for every skinny GEMM (all on main)
+        self.split_k = alloc_split_k(max(cfg.hidden, cfg.front_width), self.device) if variant.linear_split_k else None
         self.attn_res_scores = alloc_attn_res_scores(self.bank)
         self.attn_res_counter = alloc_attn_res_counter(self.device)  # attn_res_fused's barrier
         # Plan cursor (see _expect).
@@ -447,7 +449,8 @@ class K3Decode:
 
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         if P.linear_is_triton(self.cfg, self.variant, subop):
-            self._triton(subop, skinny_mm, a, w, out, early_weights=self.variant.linear_early_weights)
+            self._triton(subop, skinny_mm, a, w, out, early_weights=self.variant.linear_early_weights,
+                         split_k=self.split_k)
             return
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
         with self._subop(subop):
@@ -573,7 +576,7 @@ class K3Decode:
         merged = P.mla_proj_merges(cfg, v)
         with self._segment(l, MLA):
             if merged:  # before the fork: the KV leg reads this GEMM's output
-                self._triton(P.X_PROJ, skinny_mm, s.x, w.x_proj, s.x_proj)
+                self._triton(P.X_PROJ, skinny_mm, s.x, w.x_proj, s.x_proj, split_k=self.split_k)
             kv = self._fork(P.AUX1, v.attn_forks)  # Q chain || KV chain (both read only x)
             if not merged:
                 self._mm(P.Q_A, s.x, w.q_a, s.q_a)

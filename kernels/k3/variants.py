@@ -40,6 +40,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "kda_conv_fused": ("kda_conv_fused", True),            # seed 003 (fused KDA step)
     "mla_proj_merged": ("mla_proj_merged", True),          # q_a | kv_a | g_proj: one GEMM
     "moe_sum_norm_fused": ("moe_sum_norm_fused", True),    # seed 003 (fused tails)
+    "linear_split_k": ("linear_split_k", True),            # every SM streaming the skinny GEMMs
 }
 
 DELAY_PREFIX = "delay"
@@ -71,6 +72,7 @@ class Variant:
     kda_conv_fused: bool = False     # short conv + SiLU inside kda_step (one launch fewer)
     mla_proj_merged: bool = False    # B <= 16: x's three MLA projections as one skinny GEMM on main
     moe_sum_norm_fused: bool = False  # B <= 16: weighted sum + latent RMSNorm, one program per token
+    linear_split_k: bool = False     # skinny GEMMs split K over programs where the sweep says so
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

@@ -201,6 +201,14 @@ campaign8)  # moe_sum_norm_fused: GPU tests, the MoE tail case, C14/C17 at B = 1
   pack k3_c17
   timeout 120 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline $C17 \
     --json $OUT/step8_b8_64.json 2>&1 | grep "B=" ;;
+campaign9_test)  # linear_split_k: the GEMV GPU tests, the split sweep, C14 against C14 + split (its table from the sweep)
+  set -o pipefail
+  timeout 120 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_gemv.py 2>&1 | tail -1
+  timeout 240 python3 bench/bench_k3_ops.py --batch 1 --cases --split-sweep "front (rest" qkvg "moe up" \
+    mla_proj_merged "q_a /" --json $OUT/ops9_b1.json 2>&1 | grep "^split"
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --split-table $OUT/ops9_b1.json \
+    --variants $C14 $C14+linear_split_k $C14 $C14+linear_split_k $C14+linear_split_k+mla_proj_merged \
+    --json $OUT/step9.json 2>&1 | grep "B=\|split table" ;;
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

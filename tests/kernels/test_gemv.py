@@ -46,6 +46,23 @@ def run_skinny(B, K, N, device, w_cols=None):
     early = torch.empty_like(out)  # variant linear_early_weights: the same sums, bit for bit
     skinny_mm(x, w, early, early_weights=True)
     assert torch.equal(early, out)
+    run_split(x, w, out)
+
+
+def run_split(x, w, unsplit, splits=(2, 3, 5)):
+    """Variant linear_split_k: K split over programs, the partials summed in split order by
+    the last program of each column block: within bf16 of the unsplit kernel, the same bits
+    on a second call, every ticket back at 0 after each call (the next launch counts from 0)."""
+    from kernels.k3.ops.gemv import alloc_split_k, skinny_mm
+
+    buf = alloc_split_k(w.shape[1], x.device)
+    for s in splits:
+        a, b = torch.empty_like(unsplit), torch.empty_like(unsplit)
+        skinny_mm(x, w, a, config=(32, 64, 4, 2), split_k=buf, splits=s)
+        assert not buf.tickets.any()
+        skinny_mm(x, w, b, config=(32, 64, 4, 2), split_k=buf, splits=s)
+        assert torch.equal(a, b) and not buf.tickets.any()
+        torch.testing.assert_close(a.double(), unsplit.double(), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("B,K,N,cols", [(1, 300, 40, None), (3, 512, 100, 130), (16, 256, 64, None)])

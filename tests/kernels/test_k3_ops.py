@@ -732,6 +732,7 @@ for B in (1, 8, 64):
         for (K, N), cfg in [((H, 5120), None), *gemv.SKINNY_CONFIGS.items()]:
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg)
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg, early_weights=True)
+            gemv.skinny_mm(e(B, K), e(K, N), e(B, N), config=cfg, split_k=gemv.alloc_split_k(N, "meta"), splits=3)
     if B == 1:  # variant moe_tail_fused
         gemv.skinny_mm_mixnorm(e(16, 3584), e(1, 16, dt=F32), e(3584), e(3584, H), e(1, H))
 

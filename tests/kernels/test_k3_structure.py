@@ -136,6 +136,7 @@ def test_baseline_counts():
     ("linear_early_weights", 0),        # the same skinny GEMMs, a load moved
     ("kda_conv_fused", -69),            # the conv launch, now inside kda_step
     ("moe_sum_norm_fused", -92),        # the latent RMSNorm, now in the weighted sum's program
+    ("linear_split_k", 0),              # the same skinny GEMMs, K split inside
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))

@@ -9,6 +9,8 @@ bandwidth instead.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -58,15 +60,18 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 # --------------------------------------------------------------------------------------
 @triton.jit
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
-                     sumsq, n_sumsq,
+                     sumsq, n_sumsq, ws, tickets, k_per,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
-                     DOT_F32: tl.constexpr,
+                     SPLIT_K: tl.constexpr, DOT_F32: tl.constexpr,
                      USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # out[B, N] = x[B, K] @ w[K, N], w row-major (N contiguous, as torch.mm takes it). One
     # program per BLOCK_N columns streams its whole K; the few tokens pad the MMA's M side.
     # MIX_K > 0 (variant moe_tail_fused, one token): x is the MIX_K expert rows of the down
     # GEMM; the operand is RMSNorm(sum_k mix_w[k] x[k]) * gamma, formed as it loads.
+    # SPLIT_K > 1 (variant linear_split_k): program (n, s) streams K rows [s k_per, (s+1)
+    # k_per) and leaves its fp32 partial in ws; the last of a column block's SPLIT_K
+    # programs to finish adds the partials in split order (deterministic) and stores.
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = ns < N
     ms = tl.arange(0, BLOCK_M)
@@ -93,7 +98,11 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     if EARLY_W:
         x0 = tl.load(x_rows + kr[None, :], mask=mm[:, None] & (kr[None, :] < K), other=0.0)
         acc = dot(x0, w0, acc, DOT_F32)
-    for k0 in range(k_first, K, BLOCK_K):
+    k_end = K
+    if SPLIT_K > 1:
+        k_first = tl.program_id(1) * k_per
+        k_end = tl.minimum(k_first + k_per, K)
+    for k0 in range(k_first, k_end, BLOCK_K):
         ks = k0 + kr
         if EVEN_K:
             wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=nm[None, :], other=0.0)
@@ -127,10 +136,37 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
         sq = tl.load(sumsq + ms[:, None] * n_sumsq + cs[None, :], mask=mm[:, None] & (cs[None, :] < n_sumsq),
                      other=0.0)
         acc = acc * tl.rsqrt(tl.sum(sq, 1) / K + eps)[:, None]
+    out_mask = mm[:, None] & nm[None, :]
+    if SPLIT_K > 1:
+        acc, last = _split_k_reduce(acc, ws, tickets, ms, ns, out_mask, N, BLOCK_M, SPLIT_K)
+        out_mask = out_mask & last  # only the column block's last arrival stores
     tl.store(out + ms.to(tl.int64)[:, None] * stride_out + ns[None, :],
-             to_dtype(acc, out.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+             to_dtype(acc, out.dtype.element_ty), mask=out_mask)
     spin(DELAY_NS)
     pdl_trigger(USE_PDL)
+
+
+@triton.jit
+def _split_k_reduce(acc, ws, tickets, ms, ns, mask, N, BLOCK_M: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Stores this program's fp32 partial; returns (the sum of the column block's SPLIT_K
+    partials in split order, whether this program arrived last and holds it). The CTA
+    barrier orders every thread's partial stores before the single-thread acq_rel ticket;
+    the barrier after it orders the last arrival's reads after every other program's
+    release. The last arrival resets the ticket: the next launch takes tickets only after
+    its PDL wait, when this grid has completed."""
+    part = ws + (tl.program_id(1) * BLOCK_M + ms)[:, None] * N + ns[None, :]
+    tl.store(part, acc, mask=mask)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(tickets + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+    tl.debug_barrier()
+    last = ticket == SPLIT_K - 1
+    total = tl.zeros_like(acc)
+    if last:
+        for s in tl.static_range(SPLIT_K):
+            total += tl.load(ws + (s * BLOCK_M + ms)[:, None] * N + ns[None, :], mask=mask, other=0.0,
+                             cache_modifier=".cg")
+        tl.atomic_xchg(tickets + tl.program_id(0), 0, sem="relaxed", scope="gpu")
+    return total, last
 
 
 #: (block_n, block_k, num_warps, num_stages) per (K, N): the best of bench/bench_k3_ops.py's
@@ -143,29 +179,60 @@ SKINNY_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (7168, 3648): (32, 256, 4, 4),   # MLA q_a | kv_a | g_proj (mla_proj_merged): not yet swept
 }
 SKINNY_DEFAULT = (64, 256, 8, 4)
+#: Variant linear_split_k: (config, split) per (K, N), where splitting K over programs
+#: beat the unsplit kernel in bench/bench_k3_ops.py's split sweep on the H200 at B = 1;
+#: other shapes stay unsplit.
+SKINNY_SPLITS: dict[tuple[int, int], tuple[tuple[int, int, int, int], int]] = {}
+SPLIT_MAX = 8
+
+
+@dataclass(frozen=True)
+class SplitK:
+    """Variant linear_split_k's buffers, shared by every skinny GEMM of a stream (they run
+    one after another: each takes tickets only after its PDL wait, when the previous
+    skinny GEMM has completed)."""
+    partials: torch.Tensor  # fp32 [SPLIT_MAX * 16 * max N]
+    tickets: torch.Tensor   # int32 [max N / 16], zero; each reduction resets its own
+
+
+def alloc_split_k(max_n: int, device) -> SplitK:
+    return SplitK(torch.empty(SPLIT_MAX * 16 * max_n, device=device, dtype=torch.float32),
+                  torch.zeros(triton.cdiv(max_n, 16), device=device, dtype=torch.int32))
 
 
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
               config: tuple[int, int, int, int] | None = None, rms_of: tuple | None = None,
-              early_weights: bool = False, delay_ns: int = 0) -> torch.Tensor:
+              early_weights: bool = False, split_k: SplitK | None = None, splits: int | None = None,
+              delay_ns: int = 0) -> torch.Tensor:
     """out = x @ w for B <= SKINNY_MAX_B tokens; w [K, N] with unit column stride (a
     column slice of a wider weight is fine), x and out row-strided. `rms_of = (sumsq, eps)`
     (variant latent_norm_folded): out[b] = x[b] @ w / rms(x[b]), the RMS from sumsq fp32
     [B, chunks], the sums of squares of x's row in chunks (moe_weighted_sum writes them).
     `early_weights` (variant linear_early_weights): the first K block of w loads before the
-    PDL wait; the same products in the same order (bit for bit)."""
+    PDL wait; the same products in the same order (bit for bit). `split_k` (variant
+    linear_split_k): K split over `splits` programs per column block (default: this shape's
+    SKINNY_SPLITS entry, else unsplit); fp32 partials summed in split order, deterministic
+    but not the unsplit kernel's bits."""
     B, K = x.shape
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
     assert w.stride(1) == 1 and x.stride(1) == 1 and out.stride(1) == 1
-    bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
+    split_cfg, split_n = SKINNY_SPLITS.get((K, N), (None, 1)) if split_k is not None else (None, 1)
+    bn, bk, warps, stages = config or split_cfg or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
+    S = splits or split_n
     sumsq, eps = rms_of if rms_of is not None else (out, 0.0)
     n_sq = sumsq.shape[1] if rms_of is not None else 0
     assert rms_of is None or (sumsq.shape[0] == B and sumsq.is_contiguous() and sumsq.dtype == torch.float32)
-    launch(skinny_mm_kernel, (triton.cdiv(N, bn),), x, w, out, B, K, N, x.stride(0), w.stride(0),
-           out.stride(0), x, x, eps, sumsq, n_sq, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
-           MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, DOT_F32=DOT_F32, num_warps=warps,
-           num_stages=stages, delay_ns=delay_ns)
+    k_per = triton.cdiv(triton.cdiv(K, bk), S) * bk  # whole K blocks per split
+    S = triton.cdiv(K, k_per)
+    if S > 1:
+        assert split_k is not None and S <= SPLIT_MAX and rms_of is None and not early_weights
+        assert split_k.partials.numel() >= S * 16 * N and split_k.tickets.numel() >= triton.cdiv(N, bn)
+    ws, tickets = (split_k.partials, split_k.tickets) if S > 1 else (out, out)
+    launch(skinny_mm_kernel, (triton.cdiv(N, bn), S), x, w, out, B, K, N, x.stride(0), w.stride(0),
+           out.stride(0), x, x, eps, sumsq, n_sq, ws, tickets, k_per, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+           EVEN_K=K % bk == 0, MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, SPLIT_K=S,
+           DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
 
 
@@ -184,6 +251,7 @@ def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor
     assert w.shape[0] == K and out.shape == (1, N) and y.stride(1) == 1 and w.stride(1) == 1
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
-           out.stride(0), topk_w, gamma, eps, out, 0, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
-           EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+           EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, SPLIT_K=1, DOT_F32=DOT_F32, num_warps=warps,
+           num_stages=stages, delay_ns=delay_ns)
     return out
