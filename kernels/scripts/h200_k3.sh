@@ -65,6 +65,7 @@ C15=$C8+mla_proj_merged
 C16=$C14+mla_proj_merged
 # mla_proj_merged was slower (campaign7_test): the chain goes on from C14.
 C17=$C14+moe_sum_norm_fused
+C18=$C14+linear_split_k
 
 case $phase in
 campaign_test)
@@ -209,6 +210,16 @@ campaign9_test)  # linear_split_k: the GEMV GPU tests, the split sweep, C14 agai
   timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --split-table $OUT/ops9_b1.json \
     --variants $C14 $C14+linear_split_k $C14 $C14+linear_split_k $C14+linear_split_k+mla_proj_merged \
     --json $OUT/step9.json 2>&1 | grep "B=\|split table" ;;
+campaign9_rec)  # linear_split_k (C18, the sweep's table committed): GPU model tests, C14/C18, C18 recorded
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  set -o pipefail
+  timeout 150 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "split_k" 2>&1 | tail -1
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c18_$r --steps 40 --variant $C18; done
+  pack k3_c18
+  timeout 120 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C14 $C18 $C14 $C18 \
+    --json $OUT/step9b.json 2>&1 | grep "B=" ;;
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

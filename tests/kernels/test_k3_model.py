@@ -54,7 +54,8 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
-        "triton_linear+moe_tail_fused", "triton_linear+latent_norm_folded", "mla_proj_merged"]
+        "triton_linear+moe_tail_fused", "triton_linear+latent_norm_folded", "mla_proj_merged",
+        "triton_linear+linear_split_k+mla_proj_merged"]
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused", "kda_conv_fused",
                      "moe_sum_norm_fused"])
