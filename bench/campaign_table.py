@@ -47,11 +47,14 @@ OWN_KERNELS = {
     "latent_norm_folded": ("skinny_mm_kernel", "moe_weighted_sum_kernel"),
     "linear_early_weights": ("skinny_mm_kernel",),
     "kda_conv_fused": ("kda_step_kernel",),
+    "linear_split_k": ("skinny_mm_kernel",),
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).
 LINEAR_SHAPES = ("moe front (rest, router_fork)", "kda qkvg", "moe up")
 STRUCTURAL = ("replacement", "dependency", "structure")
+#: linear_split_k on the campaign build: of the split table's shapes, only the MoE front's rest runs.
+SPLIT_SHAPE = "moe front (rest, router_fork)"
 
 
 def runs(folder: Path, build: int | str) -> list[Path]:
@@ -90,6 +93,10 @@ def standalone(ops: dict | None, change: str) -> tuple[float, float, float] | No
         new = sum(lin[k]["skinny_us"] for k in LINEAR_SHAPES)
         return old, new, sum((lin[k]["skinny_us"] - lin[k]["cublas_us"]) * lin[k]["layers"]
                              for k in LINEAR_SHAPES) / 1e3
+    if ops and change == "linear_split_k" and ops.get("sweeps", {}).get("split"):
+        # The shapes the split table takes and the build runs (mla_proj_merged's is not in it).
+        r = ops["sweeps"]["split"][SPLIT_SHAPE]
+        return r["unsplit_us"], r["split_us"], (r["split_us"] - r["unsplit_us"]) * r["layers"] / 1e3
     if ops and change == "attn_res_dot" and ops["cases"].get("attn_res_rows"):
         # The old score loops over the bank rows: weigh each row count by how often the
         # step aggregates over it (K3's 186 aggregations read 1..8 rows).

@@ -181,7 +181,8 @@ SKINNY_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
 SKINNY_DEFAULT = (64, 256, 8, 4)
 #: Variant linear_split_k: (config, split) per (K, N), where splitting K over programs
 #: beat the unsplit kernel in bench/bench_k3_ops.py's split sweep on the H200 at B = 1;
-#: other shapes stay unsplit.
+#: other shapes stay unsplit. In the step the split front was slower (kernels/README.md,
+#: fourth round): its 240 programs starve the router GEMV beside it.
 SKINNY_SPLITS: dict[tuple[int, int], tuple[tuple[int, int, int, int], int]] = {
     (7168, 5120): ((64, 128, 4, 4), 3),   # MoE front's rest  21.9 -> 20.0 us (3.68 TB/s)
     (7168, 3648): ((64, 128, 4, 4), 4),   # mla_proj_merged   18.0 -> 15.4 us
