@@ -151,7 +151,7 @@ K3_VARIANT_FLAGS = ("mla_epilogue_split", "no_attn_forks", "router_multipass", "
                     "moe_sum_norm_fused", "linear_split_k")
 SMALL_VARIANTS = ("nofork",)
 _DELAY = re.compile(r"delay:[A-Za-z_][A-Za-z0-9_]*:\d+")
-_PREFETCH = re.compile(r"prefetch:\d+")
+_PREFETCH = re.compile(r"prefetch(_leg)?:\d+")
 #: nsys profile --capture-range-end values.
 _RANGE_END = re.compile(r"none|stop|stop-shutdown|repeat(:\d+)?|repeat-shutdown:\d+")
 
@@ -165,14 +165,14 @@ def check_variant(workload: str, variant: str) -> str:
                           "use baseline, nofork or delay:<kernel>:<ns>")
     parts = variant.split("+")
     delays = [p for p in parts if _DELAY.fullmatch(p)]
-    prefetches = [p for p in parts if _PREFETCH.fullmatch(p)]
+    prefetches = [p.split(":")[0] for p in parts if _PREFETCH.fullmatch(p)]
     unknown = [p for p in parts if p not in ("baseline", *K3_VARIANT_FLAGS)
                and not _DELAY.fullmatch(p) and not _PREFETCH.fullmatch(p)]
-    if unknown or len(delays) > 1 or len(prefetches) > 1:
+    if unknown or len(delays) > 1 or len(prefetches) > len(set(prefetches)):
         what = (f"unknown variant {unknown[0]!r}" if unknown else
                 "more than one delay in the variant" if len(delays) > 1 else "more than one prefetch in the variant")
         raise ReportError(f"{what} for k3-decode", f"use baseline, {', '.join(K3_VARIANT_FLAGS)}, "
-                          "prefetch:<MB> or delay:<kernel>:<ns>, joined with + (kernels/README.md)")
+                          "prefetch:<MB>, prefetch_leg:<MB> or delay:<kernel>:<ns>, joined with + (kernels/README.md)")
     return variant
 
 

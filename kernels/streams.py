@@ -27,12 +27,13 @@ _HOST = _HostStream()
 class Streams:
     aux1: object  # S1: MLA KV chain, MoE shared experts
     aux2: object  # S2: KDA gate GEMVs, MLA g_proj, cache staging
+    aux3: object = _HOST  # S3: L2 prefetches of the next weight (variant prefetch_leg:<MB>)
 
     @classmethod
     def create(cls, device: str) -> "Streams":
         if torch.device(device).type != "cuda":
-            return cls(_HOST, _HOST)
-        return cls(torch.cuda.Stream(device), torch.cuda.Stream(device))
+            return cls(_HOST, _HOST, _HOST)
+        return cls(torch.cuda.Stream(device), torch.cuda.Stream(device), torch.cuda.Stream(device))
 
     @property
     def main(self):

@@ -57,6 +57,7 @@ from kernels.k3.ops.moe import (
 )
 from kernels.k3.ops.gemv import alloc_split_k, gemv, skinny_mm, skinny_mm_mixnorm
 from kernels.k3.ops.norm import rmsnorm
+from kernels.k3.ops.prefetch import l2_prefetch_weight
 from kernels.k3.variants import BASELINE, Variant
 from kernels.streams import Streams, fork, join, nvtx_range, on
 
@@ -398,7 +399,8 @@ class K3Decode:
         return self._range(subop, f"{self._module}.{subop}" if self._module else None)
 
     def _stream(self, label: str):
-        return {P.MAIN: self._main, P.AUX1: self.streams.aux1, P.AUX2: self.streams.aux2}[label]
+        return {P.MAIN: self._main, P.AUX1: self.streams.aux1, P.AUX2: self.streams.aux2,
+                P.AUX3: self.streams.aux3}[label]
 
     @contextmanager
     def _on(self, label: str):
@@ -446,6 +448,19 @@ class K3Decode:
         GEMM's, while the latency-bound kernels before that GEMM run (common.l2_prefetch)."""
         mb = self.variant.prefetch_mb
         return {"prefetch": weight, "prefetch_bytes": mb << 20} if mb else {}
+
+    def _prefetch_leg(self, weight: torch.Tensor) -> None:
+        """Variant prefetch_leg:<MB>: the first MB of `weight` (the next GEMM's) into L2, from
+        a kernel on AUX3 that starts when main's work so far has completed (plan.prefetch_leg)."""
+        if not self.variant.prefetch_leg_mb:
+            return
+        leg = self._fork(P.AUX3)
+        with self._on(leg):
+            self._triton(P.L2_PREFETCH, l2_prefetch_weight, weight, self.variant.prefetch_leg_mb << 20)
+
+    def _end_prefetch_leg(self, l: int) -> None:
+        if self.variant.prefetch_leg_mb and l == self.cfg.layers[-1]:
+            self._join(P.AUX3)
 
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         if P.linear_is_triton(self.cfg, self.variant, subop):
@@ -504,6 +519,12 @@ class K3Decode:
         n = cfg.bank_rows(l, site)
         pending = site == "mlp" and not cfg.opens_block(l)  # attention output to add
         with self._segment(l, ATTN_RES):
+            L = self.layers[l]
+            nxt = L.attn.qkvg if isinstance(L.attn, KDALayer) else (L.attn.x_proj if L.attn.x_proj is not None
+                                                                   else L.attn.q_a)
+            if site == "mlp":
+                nxt = L.mlp.front if isinstance(L.mlp, MoELayer) else L.mlp.gate_up
+            self._prefetch_leg(nxt)
             addend = addend2 = None
             if pending and self.variant.residual_folded:
                 addend = s.attn_out
@@ -520,10 +541,7 @@ class K3Decode:
                              self.attn_res_scores, w.gamma, s.x, addend=addend, eps=cfg.norm_eps,
                              counter=self.attn_res_counter, sm_count=cfg.sm_count)
                 return
-            v, L = self.variant, self.layers[l]
-            nxt = L.attn.qkvg if isinstance(L.attn, KDALayer) else L.attn.q_a
-            if site == "mlp":
-                nxt = L.mlp.front if isinstance(L.mlp, MoELayer) else L.mlp.gate_up
+            v = self.variant
             self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
                          addend=addend, addend2=addend2, gram_dot=v.attn_res_dot,
                          early_rows=v.attn_res_early_rows, **self._prefetch(nxt))
@@ -545,6 +563,7 @@ class K3Decode:
                 self._triton(P.CONV, kda_conv_silu, s.qkvg, w.conv_state, w.conv_w, self.slot_idx,
                              s.conv_out, **self._prefetch(w.o_proj))
             self._join(side)
+            self._prefetch_leg(w.o_proj)  # during the step kernel
             fused = v.kda_norm_fused
             if v.kda_cute:
                 # Imported only for this variant: it needs cutlass and cuda.bindings.
@@ -651,6 +670,7 @@ class K3Decode:
                 self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.expert_y,
                              top_k=cfg.top_k, x_is_per_token=False)
+            self._prefetch_leg(w.up_g if P.latent_norm_folds(cfg, v) else w.up)  # during the sum and norm
             if P.moe_tail_fuses(cfg, v):
                 self._triton(P.UP, skinny_mm_mixnorm, s.expert_y, weights, w.latent_norm, w.up,
                              s.routed_out, cfg.norm_eps)
@@ -675,6 +695,7 @@ class K3Decode:
             else:
                 self._triton(P.ADD3, add3, self._partial(l), s.routed_out, s.shared_out)
             self._all_reduce()
+            self._end_prefetch_leg(l)
 
     def _route(self, l: int, w: MoELayer, logits: torch.Tensor) -> None:
         """Top-k of the router logits, then the pairs grouped by expert."""
@@ -699,6 +720,7 @@ class K3Decode:
                 self._mlp_out = (s.dense_out, None)
             else:
                 self._triton(P.RESIDUAL_ADD, residual_add, self._partial(l), s.dense_out)
+            self._end_prefetch_leg(l)
 
     # ---- results ------------------------------------------------------------------------
     def hidden(self) -> torch.Tensor:

@@ -28,8 +28,10 @@ import k3names
 from .config import ATTN_RES, DENSE, KDA, MLA, MOE, K3Config
 from .variants import BASELINE, Variant
 
-MAIN, AUX1, AUX2 = "main", "aux1", "aux2"
-STREAMS = (MAIN, AUX1, AUX2)
+MAIN, AUX1, AUX2, AUX3 = "main", "aux1", "aux2", "aux3"
+STREAMS = (MAIN, AUX1, AUX2, AUX3)
+#: AUX3 (variant prefetch_leg:<MB>) is the one side stream forked per segment and joined
+#: once, at the end of the step: nothing on the critical path waits for its prefetches.
 TRITON, CUBLAS, CUTE = "triton", "cublas", "cute"
 
 # ---- sub-op NVTX range names (one range around each launch) ------------------------------
@@ -46,6 +48,7 @@ Q_A, Q_A_NORM, Q_B, ABSORB = "q_a", "q_a_norm", "q_b", "absorb"
 KV_A, KV_A_NORM, CACHE_INSERT, Q_CONCAT = "kv_a", "kv_a_norm", "cache_insert", "q_concat"
 G_PROJ, FMHA, FMHA_COMBINE, V_UP, GATE_MUL = "g_proj", "fmha", "fmha_combine", "v_up", "gate_mul"
 X_PROJ = "x_proj"  # variant mla_proj_merged: q_a | kv_a | g_proj, the three GEMMs that read x
+L2_PREFETCH = "l2_prefetch"  # variant prefetch_leg:<MB>: the next GEMM's weight into L2, on AUX3
 # MoE
 FRONT, SHARED_ACT, SHARED_DOWN = "front", "shared_act", "shared_down"
 ROUTER_GEMV = "router_gemv"
@@ -86,6 +89,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "gemv": ("gemv_kernel",),
     "skinny_mm": ("skinny_mm_kernel",),
     "skinny_mm_mixnorm": ("skinny_mm_kernel",),  # the same kernel with MIX_K (moe_tail_fused)
+    "l2_prefetch_weight": ("l2_prefetch_kernel",),
 }
 #: Variant triton_linear takes these dense GEMMs up to this batch: the wide ones, where the
 #: skinny kernel streamed 13-20% faster than cuBLAS alone on the H200 (bench_k3_ops.py
@@ -214,9 +218,16 @@ def _mm(subop: str, stream: str, op: str = "mm") -> Launch:
     return Launch(subop, stream, CUBLAS, op)
 
 
+def prefetch_leg(v: Variant) -> list[Item]:
+    """prefetch_leg:<MB>: fork AUX3 here and launch the prefetch of the next GEMM's weight
+    there. It starts when main's work so far has completed, i.e. when the GEMM before this
+    point is done and the latency-bound kernels that follow it leave HBM idle."""
+    return [Fork(AUX3), _t(L2_PREFETCH, AUX3, "l2_prefetch_weight")] if v.prefetch_leg_mb else []
+
+
 def attn_res_items(cfg: K3Config, v: Variant, layer: int, site: str) -> list[Item]:
     """Aggregation before attention (site 'attn') or before the MLP (site 'mlp')."""
-    items: list[Item] = []
+    items: list[Item] = prefetch_leg(v)
     # The attention output joins the partial here, unless it opened a new block (o_proj
     # wrote the partial directly).
     if site == "mlp" and not cfg.opens_block(layer) and not v.residual_folded:
@@ -251,6 +262,7 @@ def kda_items(cfg: K3Config, v: Variant) -> list[Item]:
         items.append(_t(CONV, MAIN, "kda_conv_silu"))
     if v.attn_forks:
         items.append(Join(AUX2))
+    items += prefetch_leg(v)  # o_proj's weight, during the step kernel
     if v.kda_cute:
         items.append(Launch(KDA_STEP, MAIN, CUTE, "kda_step_cute", (CUTE_KDA_KERNEL,)))
     else:
@@ -370,6 +382,7 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
         _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"),
         *([] if v.situ_fused else [_t(EXPERT_ACT, MAIN, "situ_mul")]),
         _t(EXPERT_DOWN, MAIN, "moe_grouped_gemm"),
+        *prefetch_leg(v),  # the up GEMM's weight, during the weighted sum and the norm
         *_moe_tail(cfg, v),
         Join(AUX1), _t(ADD3, MAIN, "add3"), AllReduce(),
     ]
@@ -420,4 +433,7 @@ def build_plan(cfg: K3Config, variant: Variant = BASELINE) -> StepPlan:
     segments = [s for layer in cfg.layers for s in layer_segments(cfg, variant, layer)]
     if variant.triton_linear:
         segments = [_linear_as_triton(cfg, variant, s) for s in segments]
+    if variant.prefetch_leg_mb:  # the prefetch stream joins main once, at the end
+        last = segments[-1]
+        segments[-1] = Segment(last.layer, last.family, (*last.items, Join(AUX3)))
     return StepPlan(cfg, variant, tuple(segments))

@@ -45,6 +45,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
 
 DELAY_PREFIX = "delay"
 PREFETCH_PREFIX = "prefetch"
+PREFETCH_LEG_PREFIX = "prefetch_leg"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Variant:
     moe_sum_norm_fused: bool = False  # B <= 16: weighted sum + latent RMSNorm, one program per token
     linear_split_k: bool = False     # skinny GEMMs split K over programs where the sweep says so
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
+    prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 
@@ -83,6 +85,8 @@ class Variant:
         parts = [flag for flag, (field, value) in _FLAGS.items() if getattr(self, field) == value]
         if self.prefetch_mb:
             parts.append(f"{PREFETCH_PREFIX}:{self.prefetch_mb}")
+        if self.prefetch_leg_mb:
+            parts.append(f"{PREFETCH_LEG_PREFIX}:{self.prefetch_leg_mb}")
         if self.delay_kernel and self.delay_ns:
             parts.append(f"{DELAY_PREFIX}:{self.delay_kernel}:{self.delay_ns}")
         return "+".join(parts) or "baseline"
@@ -101,7 +105,8 @@ BASELINE = Variant()
 
 
 def parse(name: str) -> Variant:
-    """`baseline`, any flag of the table, `prefetch:<MB>`, `delay:<kernel>:<ns>`, joined with `+`."""
+    """`baseline`, any flag of the table, `prefetch:<MB>`, `prefetch_leg:<MB>`,
+    `delay:<kernel>:<ns>`, joined with `+`."""
     v = BASELINE
     for part in (p.strip() for p in (name or "baseline").split("+")):
         if part in ("", "baseline"):
@@ -111,6 +116,12 @@ def parse(name: str) -> Variant:
             if not mb.isdigit() or v.prefetch_mb:
                 raise ValueError(f"bad prefetch {part!r}: expected one prefetch:<MB>, MB a whole number")
             v = replace(v, prefetch_mb=int(mb))
+            continue
+        if part.startswith(PREFETCH_LEG_PREFIX + ":"):
+            mb = part[len(PREFETCH_LEG_PREFIX) + 1:]
+            if not mb.isdigit() or int(mb) == 0 or v.prefetch_leg_mb:
+                raise ValueError(f"bad prefetch leg {part!r}: expected one {PREFETCH_LEG_PREFIX}:<MB>, MB > 0")
+            v = replace(v, prefetch_leg_mb=int(mb))
             continue
         if part.startswith(DELAY_PREFIX + ":"):
             try:
@@ -126,7 +137,7 @@ def parse(name: str) -> Variant:
             continue
         if part not in _FLAGS:
             raise ValueError(f"unknown variant {part!r}; known: baseline, {', '.join(_FLAGS)}, "
-                             f"{PREFETCH_PREFIX}:<MB>, {DELAY_PREFIX}:<kernel>:<ns>")
+                             f"{PREFETCH_PREFIX}:<MB>, {PREFETCH_LEG_PREFIX}:<MB>, {DELAY_PREFIX}:<kernel>:<ns>")
         field, value = _FLAGS[part]
         v = replace(v, **{field: value})
     return v

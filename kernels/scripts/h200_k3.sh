@@ -66,6 +66,7 @@ C16=$C14+mla_proj_merged
 # mla_proj_merged was slower (campaign7_test): the chain goes on from C14.
 C17=$C14+moe_sum_norm_fused
 C18=$C14+linear_split_k
+C19=$C14+prefetch_leg:${PL_MB:-8}
 
 case $phase in
 campaign_test)
@@ -220,6 +221,14 @@ campaign9_rec)  # linear_split_k (C18, the sweep's table committed): GPU model t
   pack k3_c18
   timeout 120 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C14 $C18 $C14 $C18 \
     --json $OUT/step9b.json 2>&1 | grep "B=" ;;
+campaign10)  # prefetch_leg:<MB>: C14 against C14 + a prefetch leg of 4, 8, 16 MB interleaved; C19 recorded
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  timeout 260 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C14 $C14+prefetch_leg:8 $C14+prefetch_leg:16 $C14+prefetch_leg:4 \
+    $C14 $C14+prefetch_leg:8 $C14+prefetch_leg:16 $C14+prefetch_leg:4 --json $OUT/step10.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c19_$r --steps 40 --variant $C19; done
+  pack k3_c19 ;;
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

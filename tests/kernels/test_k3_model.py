@@ -50,7 +50,7 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
            "delay:kda_step_kernel:2000", "situ_fused", "attn_res_fused",
            "attn_res_fused+residual_separate", "router_align_fused", "mlp_residual_folded",
            "mlp_residual_folded+residual_separate", "pdl_early_trigger", "attn_res_early_rows",
-           "prefetch:24", "kda_conv_fused", "moe_sum_norm_fused"]
+           "prefetch:24", "kda_conv_fused", "moe_sum_norm_fused", "prefetch_leg:8"]
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",

@@ -647,12 +647,12 @@ import os, re, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.k3.ops import attn_res, gemv, kda, mla, moe, norm
+from kernels.k3.ops import attn_res, gemv, kda, mla, moe, norm, prefetch
 
 calls = []
 def fake_launch(kernel, grid, *args, delay_ns=0, **meta):
     calls.append((kernel, args, meta))
-for m in (attn_res, gemv, kda, mla, moe, norm):
+for m in (attn_res, gemv, kda, mla, moe, norm, prefetch):
     m.launch = fake_launch
 mla.DOT_F32 = moe.DOT_F32 = gemv.DOT_F32 = attn_res.DOT_F32 = False
 
@@ -673,6 +673,7 @@ for B in (1, 8, 64):
         attn_res.attn_res_score(bank, 5, e(H), sc, gram_dot=dot, early_rows=early)
         attn_res.attn_res_combine(bank, 5, sc, e(H), e(B, H), one_shot=dot, early_rows=early)
     PF = 24 << 20  # variant prefetch:24, at each kernel that carries it
+    prefetch.l2_prefetch_weight(e(H, 6144), 8 << 20)  # variant prefetch_leg:8
     attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H), addend2=e(B, H), gram_dot=True,
                             early_rows=True, prefetch=e(H, 6016), prefetch_bytes=PF)
     kda.kda_conv_silu(e(B, 6144), e(B, 3, 4608), e(4608, 4), e(B, dt=I32), e(B, 4608),

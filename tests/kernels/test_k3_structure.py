@@ -13,7 +13,7 @@ from kernels.k3.config import FULL_DEPTH, K3Config, tiny_config
 from kernels.k3.variants import BASELINE, Variant, known_flags, parse
 
 FULL = K3Config()
-ALL_VARIANTS = ["baseline", *known_flags(), "delay:kda_step_kernel:4000", "prefetch:24",
+ALL_VARIANTS = ["baseline", *known_flags(), "delay:kda_step_kernel:4000", "prefetch:24", "prefetch_leg:8",
                 "no_attn_forks+kda_norm_separate+residual_separate+router_multipass"]
 
 
@@ -137,6 +137,7 @@ def test_baseline_counts():
     ("kda_conv_fused", -69),            # the conv launch, now inside kda_step
     ("moe_sum_norm_fused", -92),        # the latent RMSNorm, now in the weighted sum's program
     ("linear_split_k", 0),              # the same skinny GEMMs, K split inside
+    ("prefetch_leg:8", 186 + 69 + 92),  # a prefetch kernel before every GEMM after a latency-bound stretch
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -192,17 +193,28 @@ def test_streams_no_attn_forks():
 
 @pytest.mark.parametrize("name", ALL_VARIANTS)
 def test_forks_and_joins_are_balanced(name):
+    """Every side leg is joined in the segment that forked it, except AUX3 (prefetch_leg),
+    forked again and again and joined once, at the end of the step."""
+    prefetch_open = False
     for seg in P.build_plan(K3Config(num_layers=8), parse(name)).segments:
         open_: set[str] = set()
         for item in seg.items:
-            if isinstance(item, P.Fork):
+            if isinstance(item, P.Fork) and item.side == P.AUX3:
+                prefetch_open = True
+            elif isinstance(item, P.Join) and item.side == P.AUX3:
+                assert prefetch_open and item is seg.items[-1]
+                prefetch_open = False
+            elif isinstance(item, P.Fork):
                 assert item.side not in open_
                 open_.add(item.side)
             elif isinstance(item, P.Join):
                 open_.remove(item.side)
+            elif isinstance(item, P.Launch) and item.stream == P.AUX3:
+                assert prefetch_open and item.subop == P.L2_PREFETCH, (seg.range_name, item)
             elif isinstance(item, P.Launch) and item.stream != P.MAIN:
                 assert item.stream in open_, (seg.range_name, item)
         assert not open_, seg.range_name
+    assert not prefetch_open
 
 
 @pytest.mark.parametrize("name", ALL_VARIANTS)
@@ -233,7 +245,7 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
     """Sub-ops per segment with fusions expanded: what is computed, not how it is scheduled."""
     v, cfg, out = plan.variant, plan.cfg, []
     for seg in plan.segments:
-        ops = [l.subop for l in seg.launches]
+        ops = [l.subop for l in seg.launches if l.subop != P.L2_PREFETCH]  # a cache hint, no math
         if seg.family == "kda" and v.kda_norm_fused:
             ops.append(P.KDA_NORM)
         if seg.family == "mla" and not v.attn_forks:
