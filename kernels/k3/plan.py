@@ -418,8 +418,11 @@ def layer_segments(cfg: K3Config, v: Variant, layer: int) -> list[Segment]:
 
 
 def linear_is_triton(cfg: K3Config, v: Variant, subop: str) -> bool:
-    """Whether this dense GEMM runs as the skinny Triton GEMM (variant triton_linear)."""
-    return v.triton_linear and cfg.batch <= SKINNY_MAX_B and subop in SKINNY_SUBOPS
+    """Whether this dense GEMM runs as the skinny Triton GEMM (variant triton_linear; with
+    triton_o_proj the attention output projections too: cuBLAS streamed them about as fast
+    alone, but the Triton kernel joins the PDL chain with early triggers)."""
+    subops = SKINNY_SUBOPS | ({O_PROJ} if v.triton_o_proj else set())
+    return v.triton_linear and cfg.batch <= SKINNY_MAX_B and subop in subops
 
 
 def _linear_as_triton(cfg: K3Config, v: Variant, seg: Segment) -> Segment:

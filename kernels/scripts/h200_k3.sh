@@ -67,6 +67,7 @@ C16=$C14+mla_proj_merged
 C17=$C14+moe_sum_norm_fused
 C18=$C14+linear_split_k
 C19=$C14+prefetch_leg:${PL_MB:-8}
+C20=$C14+triton_o_proj
 
 case $phase in
 campaign_test)
@@ -229,6 +230,14 @@ campaign10)  # prefetch_leg:<MB>: C14 against C14 + a prefetch leg of 4, 8, 16 M
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
   for r in a b; do rec k3_full_c19_$r --steps 40 --variant $C19; done
   pack k3_c19 ;;
+campaign11)  # triton_o_proj: the o_proj sweep, C14 / C20 interleaved, C20 recorded
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  timeout 100 python3 bench/bench_k3_ops.py --batch 1 --cases --sweep-shapes "o_proj" --json $OUT/ops11_b1.json 2>&1 | grep "^linear"
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C14 $C20 $C14 $C20 \
+    --json $OUT/step11.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c20_$r --steps 40 --variant $C20; done
+  pack k3_c20 ;;
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

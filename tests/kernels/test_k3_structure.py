@@ -137,6 +137,7 @@ def test_baseline_counts():
     ("kda_conv_fused", -69),            # the conv launch, now inside kda_step
     ("moe_sum_norm_fused", -92),        # the latent RMSNorm, now in the weighted sum's program
     ("linear_split_k", 0),              # the same skinny GEMMs, K split inside
+    ("triton_o_proj", 0),               # needs triton_linear's GEMM (below)
     ("prefetch_leg:8", 186 + 69 + 92),  # a prefetch kernel before every GEMM after a latency-bound stretch
 ])
 def test_variant_kernel_deltas(name, delta):
@@ -334,6 +335,14 @@ def test_mla_proj_merged_takes_three_gemms_and_the_gate_leg():
     b64 = FULL.with_(batch=64)
     assert P.build_plan(b64, parse("mla_proj_merged")).segments == P.build_plan(b64).segments
     assert FULL.x_proj_width == 1536 + 576 + 1536
+
+
+def test_triton_o_proj_takes_the_attention_outputs():
+    base, p = P.build_plan(FULL, parse("triton_linear")), P.build_plan(FULL, parse("triton_linear+triton_o_proj"))
+    assert base.cublas_calls - p.cublas_calls == p.triton_kernels - base.triton_kernels == 69 + 24
+    assert {(s.family, l.subop) for s, l in p.launches() if l.launcher == "skinny_mm"} == {
+        ("kda", P.QKVG), ("moe", P.FRONT), ("moe", P.UP), ("kda", P.O_PROJ), ("mla", P.O_PROJ)}
+    assert P.build_plan(FULL, parse("triton_o_proj")).segments == P.build_plan(FULL).segments  # needs triton_linear
 
 
 def test_attn_res_fused_fits_like_the_op():
