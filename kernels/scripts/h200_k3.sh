@@ -238,6 +238,12 @@ campaign11)  # triton_o_proj: the o_proj sweep, C14 / C20 interleaved, C20 recor
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
   for r in a b; do rec k3_full_c20_$r --steps 40 --variant $C20; done
   pack k3_c20 ;;
+campaign11_final)  # after the fourth round's last change: the model's GPU tests; B = 8, 64 baseline vs C20
+  set -o pipefail
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py tests/kernels/test_gemv.py \
+    2>&1 | tee $OUT/gpu_model.log | tail -2
+  timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline $C20 \
+    --json $OUT/step11_b8_64.json 2>&1 | grep "B=" ;;
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
