@@ -52,6 +52,7 @@ OWN_KERNELS = {
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).
 LINEAR_SHAPES = ("moe front (rest, router_fork)", "kda qkvg", "moe up")
+O_PROJ_SHAPES = ("kda o_proj", "mla o_proj")  # triton_o_proj
 STRUCTURAL = ("replacement", "dependency", "structure")
 #: linear_split_k on the campaign build: of the split table's shapes, only the MoE front's rest runs.
 SPLIT_SHAPE = "moe front (rest, router_fork)"
@@ -87,12 +88,13 @@ def diff(old: list[Path], new: list[Path]) -> dict:
 
 def standalone(ops: dict | None, change: str) -> tuple[float, float, float] | None:
     """(old us, new us, saving ms at full depth) from bench_k3_ops.py's JSON."""
-    if ops and change == "triton_linear" and ops.get("sweeps", {}).get("linear"):
+    shapes = {"triton_linear": LINEAR_SHAPES, "triton_o_proj": O_PROJ_SHAPES}.get(change)
+    if ops and shapes and all(k in ops.get("sweeps", {}).get("linear", {}) for k in shapes):
         lin = ops["sweeps"]["linear"]
-        old = sum(lin[k]["cublas_us"] for k in LINEAR_SHAPES)
-        new = sum(lin[k]["skinny_us"] for k in LINEAR_SHAPES)
+        old = sum(lin[k]["cublas_us"] for k in shapes)
+        new = sum(lin[k]["skinny_us"] for k in shapes)
         return old, new, sum((lin[k]["skinny_us"] - lin[k]["cublas_us"]) * lin[k]["layers"]
-                             for k in LINEAR_SHAPES) / 1e3
+                             for k in shapes) / 1e3
     if ops and change == "linear_split_k" and ops.get("sweeps", {}).get("split"):
         # The shapes the split table takes and the build runs (mla_proj_merged's is not in it).
         r = ops["sweeps"]["split"][SPLIT_SHAPE]

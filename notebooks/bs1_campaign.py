@@ -106,8 +106,10 @@ u = full["unprofiled_b1"]["interleaved"]
 last = full["unprofiled_b1"]["early_trigger"][-1]  # c7, timed after c6 in the same process
 c8 = full["round3"]["unprofiled"]["campaign3_rec"][-1]  # c8, timed after c7 in the same process
 c14 = full["round4"]["unprofiled"]["campaign7_test"][5]  # c14, timed after c8 in the same process
+c20 = full["round4"]["unprofiled"]["campaign11"][3]  # c20, timed after c14 in the same process
 {"baseline_ms": min(u["baseline"]), "baseline_ratio": min(u["baseline"]) / u["floor_ms"],
  "c3_ms": u["c3"], "c3_ratio": u["c3"] / u["floor_ms"],
  "c7_ms": last["step_ms"], "c7_ratio": last["step_ms"] / last["floor_ms"],
  "c8_ms": c8["step_ms"], "c8_ratio": c8["step_ms"] / c8["floor_ms"],
- "c14_ms": c14["step_ms"], "c14_ratio": c14["step_ms"] / c14["floor_ms"]}
+ "c14_ms": c14["step_ms"], "c14_ratio": c14["step_ms"] / c14["floor_ms"],
+ "c20_ms": c20["step_ms"], "c20_ratio": c20["step_ms"] / c20["floor_ms"]}
