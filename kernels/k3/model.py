@@ -237,8 +237,11 @@ class K3Decode:
         self.s = Scratch(cfg, self.device)
         if P.mla_proj_merges(cfg, variant):
             self.s.merge_mla_projections(cfg)
-        # linear_split_k: one set of partials and tickets for every skinny GEMM (all on main)
-        self.split_k = alloc_split_k(max(cfg.hidden, cfg.front_width), self.device) if variant.linear_split_k else None
+        # linear_split_k / triton_mla_proj: partials and tickets per stream (the skinny GEMMs of
+        # one stream run one after another; kv_a on S1 runs beside q_a on main).
+        splits = variant.linear_split_k or variant.triton_mla_proj
+        self._split_k = {label: alloc_split_k(max(cfg.hidden, cfg.front_width), self.device)
+                         for label in (P.MAIN, P.AUX1, P.AUX2)} if splits else {}
         self.attn_res_scores = alloc_attn_res_scores(self.bank)
         self.attn_res_counter = alloc_attn_res_counter(self.device)  # attn_res_fused's barrier
         # Plan cursor (see _expect).
@@ -462,10 +465,18 @@ class K3Decode:
         if self.variant.prefetch_leg_mb and l == self.cfg.layers[-1]:
             self._join(P.AUX3)
 
+    def _split_for(self, subop: str):
+        """The split-K buffers of the current stream where this GEMM may split: every skinny
+        GEMM under linear_split_k (SKINNY_SPLITS), the MLA's under triton_mla_proj (MLA_SPLITS)."""
+        v = self.variant
+        if v.linear_split_k or (v.triton_mla_proj and subop in P.MLA_SKINNY):
+            return self._split_k[self._label]
+        return None
+
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         if P.linear_is_triton(self.cfg, self.variant, subop):
             self._triton(subop, skinny_mm, a, w, out, early_weights=self.variant.linear_early_weights,
-                         split_k=self.split_k)
+                         split_k=self._split_for(subop))
             return
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
         with self._subop(subop):
@@ -595,7 +606,7 @@ class K3Decode:
         merged = P.mla_proj_merges(cfg, v)
         with self._segment(l, MLA):
             if merged:  # before the fork: the KV leg reads this GEMM's output
-                self._triton(P.X_PROJ, skinny_mm, s.x, w.x_proj, s.x_proj, split_k=self.split_k)
+                self._triton(P.X_PROJ, skinny_mm, s.x, w.x_proj, s.x_proj, split_k=self._split_for(P.X_PROJ))
             kv = self._fork(P.AUX1, v.attn_forks)  # Q chain || KV chain (both read only x)
             if not merged:
                 self._mm(P.Q_A, s.x, w.q_a, s.q_a)

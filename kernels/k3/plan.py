@@ -96,6 +96,9 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
 #: --sweep); on the narrow ones (q_a, g_proj: N = 1536) it was slower, on the rest even.
 SKINNY_MAX_B = 16
 SKINNY_SUBOPS = frozenset({"front", "qkvg", "up"})
+#: Variant triton_mla_proj: the MLA's narrow GEMMs (N = 576 .. 2304: too few column blocks
+#: alone), which the skinny GEMM takes split over K (gemv.MLA_SPLITS).
+MLA_SKINNY = frozenset({"q_a", "kv_a", "g_proj", "q_b"})
 #: The CuTe DSL KDA step (variant kda_cute).
 CUTE_KDA_KERNEL = "kda_step_cute"
 
@@ -421,7 +424,7 @@ def linear_is_triton(cfg: K3Config, v: Variant, subop: str) -> bool:
     """Whether this dense GEMM runs as the skinny Triton GEMM (variant triton_linear; with
     triton_o_proj the attention output projections too: cuBLAS streamed them about as fast
     alone, but the Triton kernel joins the PDL chain with early triggers)."""
-    subops = SKINNY_SUBOPS | ({O_PROJ} if v.triton_o_proj else set())
+    subops = SKINNY_SUBOPS | ({O_PROJ} if v.triton_o_proj else set()) | (MLA_SKINNY if v.triton_mla_proj else set())
     return v.triton_linear and cfg.batch <= SKINNY_MAX_B and subop in subops
 
 

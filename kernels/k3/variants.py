@@ -42,6 +42,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "moe_sum_norm_fused": ("moe_sum_norm_fused", True),    # seed 003 (fused tails)
     "linear_split_k": ("linear_split_k", True),            # every SM streaming the skinny GEMMs
     "triton_o_proj": ("triton_o_proj", True),              # o_proj as the skinny GEMM too
+    "triton_mla_proj": ("triton_mla_proj", True),          # the MLA's narrow GEMMs, split-K skinny
 }
 
 DELAY_PREFIX = "delay"
@@ -76,6 +77,7 @@ class Variant:
     moe_sum_norm_fused: bool = False  # B <= 16: weighted sum + latent RMSNorm, one program per token
     linear_split_k: bool = False     # skinny GEMMs split K over programs where the sweep says so
     triton_o_proj: bool = False      # with triton_linear: the KDA and MLA o_proj as the skinny GEMM
+    triton_mla_proj: bool = False    # with triton_linear: q_a, kv_a, g_proj, q_b as split-K skinny GEMMs
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down

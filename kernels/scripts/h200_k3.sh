@@ -68,6 +68,7 @@ C17=$C14+moe_sum_norm_fused
 C18=$C14+linear_split_k
 C19=$C14+prefetch_leg:${PL_MB:-8}
 C20=$C14+triton_o_proj
+C21=$C20+triton_mla_proj
 
 case $phase in
 campaign_test)
@@ -244,6 +245,13 @@ campaign11_final)  # after the fourth round's last change: the model's GPU tests
     2>&1 | tee $OUT/gpu_model.log | tail -2
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants baseline $C20 \
     --json $OUT/step11_b8_64.json 2>&1 | grep "B=" ;;
+campaign12)  # triton_mla_proj: C20 / C21 interleaved, C21 recorded
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C21 $C20 $C21 \
+    --json $OUT/step12.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c21_$r --steps 40 --variant $C21; done
+  pack k3_c21 ;;
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

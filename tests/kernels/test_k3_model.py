@@ -55,7 +55,8 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
         "triton_linear+moe_tail_fused", "triton_linear+latent_norm_folded", "mla_proj_merged",
-        "triton_linear+linear_split_k+mla_proj_merged", "triton_linear+triton_o_proj"]
+        "triton_linear+linear_split_k+mla_proj_merged", "triton_linear+triton_o_proj",
+        "triton_linear+triton_mla_proj"]
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused", "kda_conv_fused",
                      "moe_sum_norm_fused"])

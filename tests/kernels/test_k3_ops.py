@@ -734,6 +734,8 @@ for B in (1, 8, 64):
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg)
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg, early_weights=True)
             gemv.skinny_mm(e(B, K), e(K, N), e(B, N), config=cfg, split_k=gemv.alloc_split_k(N, "meta"), splits=3)
+        for (K, N) in gemv.MLA_SPLITS:  # variant triton_mla_proj: its own splits
+            gemv.skinny_mm(e(B, K), e(K, N), e(B, N), split_k=gemv.alloc_split_k(N, "meta"))
     if B == 1:  # variant moe_tail_fused
         gemv.skinny_mm_mixnorm(e(16, 3584), e(1, 16, dt=F32), e(3584), e(3584, H), e(1, H))
 

@@ -138,6 +138,7 @@ def test_baseline_counts():
     ("moe_sum_norm_fused", -92),        # the latent RMSNorm, now in the weighted sum's program
     ("linear_split_k", 0),              # the same skinny GEMMs, K split inside
     ("triton_o_proj", 0),               # needs triton_linear's GEMM (below)
+    ("triton_mla_proj", 0),             # likewise
     ("prefetch_leg:8", 186 + 69 + 92),  # a prefetch kernel before every GEMM after a latency-bound stretch
 ])
 def test_variant_kernel_deltas(name, delta):
@@ -343,6 +344,19 @@ def test_triton_o_proj_takes_the_attention_outputs():
     assert {(s.family, l.subop) for s, l in p.launches() if l.launcher == "skinny_mm"} == {
         ("kda", P.QKVG), ("moe", P.FRONT), ("moe", P.UP), ("kda", P.O_PROJ), ("mla", P.O_PROJ)}
     assert P.build_plan(FULL, parse("triton_o_proj")).segments == P.build_plan(FULL).segments  # needs triton_linear
+
+
+def test_triton_mla_proj_takes_the_narrow_mla_gemms():
+    base, p = P.build_plan(FULL, parse("triton_linear")), P.build_plan(FULL, parse("triton_linear+triton_mla_proj"))
+    assert base.cublas_calls - p.cublas_calls == p.triton_kernels - base.triton_kernels == 4 * 24
+    mla = {l.subop for s, l in p.launches() if s.family == "mla" and l.launcher == "skinny_mm"}
+    assert mla == {P.Q_A, P.KV_A, P.G_PROJ, P.Q_B}
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kernels.k3.ops.gemv import MLA_SPLITS
+
+    c = FULL  # every one of them has a split (too few column blocks unsplit)
+    assert set(MLA_SPLITS) == {(c.hidden, c.q_lora), (c.hidden, c.kv_a_width), (c.q_lora, c.q_b_width)}
 
 
 def test_attn_res_fused_fits_like_the_op():

@@ -189,6 +189,13 @@ SKINNY_SPLITS: dict[tuple[int, int], tuple[tuple[int, int, int, int], int]] = {
     # qkvg (7168, 6144) and up (3584, 7168) were slower split (23.4 against 22.7 us, 15.2 against 14.2)
 }
 SPLIT_MAX = 8
+#: Variant triton_mla_proj: the MLA's narrow GEMMs, always split (q_a / g_proj from the split
+#: sweep, 21.3 -> 9.0 us against cuBLAS's 10.7; kv_a and q_b by the same rule, not swept).
+MLA_SPLITS: dict[tuple[int, int], tuple[tuple[int, int, int, int], int]] = {
+    (7168, 1536): ((128, 128, 8, 4), 8),   # q_a, g_proj: 12 column blocks x 8
+    (7168, 576): ((64, 128, 4, 4), 8),     # kv_a: 9 x 8
+    (1536, 2304): ((64, 128, 4, 4), 3),    # q_b: 36 x 3
+}
 
 
 @dataclass(frozen=True)
@@ -222,7 +229,7 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
     assert w.stride(1) == 1 and x.stride(1) == 1 and out.stride(1) == 1
-    split_cfg, split_n = SKINNY_SPLITS.get((K, N), (None, 1)) if split_k is not None else (None, 1)
+    split_cfg, split_n = {**SKINNY_SPLITS, **MLA_SPLITS}.get((K, N), (None, 1)) if split_k is not None else (None, 1)
     bn, bk, warps, stages = config or split_cfg or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     S = splits or split_n
     sumsq, eps = rms_of if rms_of is not None else (out, 0.0)
