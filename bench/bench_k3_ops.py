@@ -364,12 +364,9 @@ def _try_us(fn, calls: int) -> float:
         return float("inf")
 
 
-def linear_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, dict]:
-    """torch.mm (cuBLAS) against the skinny Triton GEMM over its config sweep, per shape
-    (those whose name contains one of `only`, when given)."""
-    from kernels.k3.ops.gemv import skinny_mm
-
-    res = {}
+def _linear_shapes(B: int, only: tuple[str, ...]):
+    """Per dense shape (those whose name contains one of `only`, when given): its name, K, N,
+    layers, an input, weight copies rotated past the L2 (`ws[i % n]`) and an output."""
     g = torch.Generator(device="cuda").manual_seed(3)
     for name, (K, N, layers) in LINEAR_SHAPES.items():
         if only and not any(o in name for o in only):
@@ -377,7 +374,17 @@ def linear_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, di
         n = _copies(K * N * 2)
         ws = [torch.randn(K, N, device="cuda", dtype=BF, generator=g) * K ** -0.5 for _ in range(n)]
         x = torch.randn(B, K, device="cuda", dtype=BF, generator=g)
-        out = torch.empty(B, N, device="cuda", dtype=BF)
+        yield name, K, N, layers, x, ws, n, torch.empty(B, N, device="cuda", dtype=BF)
+        del ws
+        torch.cuda.empty_cache()
+
+
+def linear_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, dict]:
+    """torch.mm (cuBLAS) against the skinny Triton GEMM over its config sweep, per shape."""
+    from kernels.k3.ops.gemv import skinny_mm
+
+    res = {}
+    for name, K, N, layers, x, ws, n, out in _linear_shapes(B, only):
         cublas = per_call_us(lambda i: torch.mm(x, ws[i % n], out=out), calls)
         best = None
         for cfg in SKINNY_SWEEP:
@@ -387,8 +394,6 @@ def linear_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, di
         tb = K * N * 2 / (best[1] * 1e-6) / 1e12
         res[name] = {"K": K, "N": N, "layers": layers, "cublas_us": cublas, "best_config": best[0],
                      "skinny_us": best[1], "skinny_tb_s": tb, "cublas_tb_s": K * N * 2 / (cublas * 1e-6) / 1e12}
-        del ws
-        torch.cuda.empty_cache()
     return res
 
 
@@ -397,22 +402,13 @@ SPLITS = (2, 3, 4, 6, 8)
 
 
 def split_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, dict]:
-    """Variant linear_split_k: per shape, the best unsplit skinny config (SKINNY_SWEEP)
-    against the best (config, split) over SPLIT_CONFIGS x SPLITS."""
-    from kernels.k3.ops.gemv import alloc_split_k, skinny_mm
+    """Variant linear_split_k: per shape, the unsplit skinny GEMM at its own config (or the
+    default) against the best (config, split) over SPLIT_CONFIGS x SPLITS."""
+    from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, alloc_split_k, skinny_mm
 
     res = {}
-    g = torch.Generator(device="cuda").manual_seed(3)
-    for name, (K, N, layers) in LINEAR_SHAPES.items():
-        if only and not any(o in name for o in only):
-            continue
-        n = _copies(K * N * 2)
-        ws = [torch.randn(K, N, device="cuda", dtype=BF, generator=g) * K ** -0.5 for _ in range(n)]
-        x = torch.randn(B, K, device="cuda", dtype=BF, generator=g)
-        out = torch.empty(B, N, device="cuda", dtype=BF)
+    for name, K, N, layers, x, ws, n, out in _linear_shapes(B, only):
         buf = alloc_split_k(N, "cuda")
-        from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT
-
         mine = SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)  # the unsplit kernel's own choice (its sweep)
         unsplit = min((_try_us(lambda i, c=c: skinny_mm(x, ws[i % n], out, config=c), calls), c)
                       for c in {mine, SKINNY_DEFAULT})
@@ -421,8 +417,6 @@ def split_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, dic
         res[name] = {"K": K, "N": N, "layers": layers, "unsplit_us": unsplit[0], "unsplit_config": unsplit[1],
                      "split_us": split[0], "split_config": split[1], "splits": split[2],
                      "split_tb_s": K * N * 2 / (split[0] * 1e-6) / 1e12}
-        del ws
-        torch.cuda.empty_cache()
     return res
 
 
