@@ -224,7 +224,8 @@ def _latest_ending(edges: pl.DataFrame, row_of: np.ndarray) -> np.ndarray:
         last = np.flatnonzero(np.append(step[1:] != step[:-1], True))
         if not np.any((last > 0) & (ordered[last] == ordered[np.maximum(last - 1, 0)])):
             return order[last]
-    last = edges.select("step", "end", "kernel_id").sort("end").group_by("step").agg(pl.col("kernel_id").last())
+    last = (edges.select("step", "end", "kernel_id").sort("end")
+            .group_by("step").agg(pl.col("kernel_id").last()))
     return row_of[last["kernel_id"].to_numpy().astype(np.int64)]
 
 

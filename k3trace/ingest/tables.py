@@ -124,7 +124,7 @@ class SqliteTables:
                                         f'(SELECT max(rowid) FROM "{table}")').fetchone()
         except sqlite3.DatabaseError:
             return [""]  # a WITHOUT ROWID table, or a damaged one: read whole (and fail there)
-        if not isinstance(low, int) or not isinstance(high, int) or high - low < MIN_ROWS_PER_READER * readers:
+        if not (isinstance(low, int) and isinstance(high, int)) or high - low < MIN_ROWS_PER_READER * readers:
             return [""]
         cuts = [low + (high - low + 1) * i // readers for i in range(1, readers)]
         bounds = [None, *cuts, None]

@@ -40,7 +40,8 @@ class LabelSummary:
 
 def source_stats(kernels: pl.DataFrame) -> tuple[dict[str, int], dict[str, float]]:
     """(`source_counts`, `source_time_share`) from one grouping of the kernels by source."""
-    per = kernels.group_by("label_source").agg(pl.len().alias("n"), (pl.col("end") - pl.col("start")).sum().alias("t"))
+    per = kernels.group_by("label_source").agg(pl.len().alias("n"),
+                                               (pl.col("end") - pl.col("start")).sum().alias("t"))
     counts = {s: n for s, n, _ in per.iter_rows()}
     total = float(per["t"].sum() or 0) or 1.0
     got = {s: float(t) for s, _, t in per.iter_rows()}
