@@ -8,8 +8,6 @@ Only the columns below are read, so extra columns of newer versions cost nothing
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import polars as pl
 
@@ -244,30 +242,22 @@ def normalise(src: TableSource, label: str) -> dict[str, pl.DataFrame]:
     check_is_export(src, label)
     validate.check_columns(src, label, validate.schema_version(export_metadata(src)))
     strings, found = _strings(src)
-    # The host-side tables are read on a thread of their own meanwhile: the kernel table's
-    # checks and signatures leave a core idle much of the time (SQLite and polars release
-    # the GIL). Their errors still come after the kernel table's.
-    with ThreadPoolExecutor(1) as pool:
-        host = pool.submit(_host_tables, src, strings)
-        kernel_frame, rejected, k_found = kernels(src, strings)
-        if kernel_frame.is_empty() and not rejected.is_empty():
-            issues = ", ".join(f"{n} {issue}" for issue, n in rejected.group_by("issue").len()
-                               .sort("len", descending=True).iter_rows())
-            raise ReportError(f"{label}: none of its {rejected.height} kernel records is usable ({issues})",
-                              "export the report again with `nsys export -t sqlite`; the export is damaged")
-        frames, host_found = host.result()
-    return {
-        "kernels": kernel_frame,
-        **frames,
-        "findings": validate.findings_frame(found + k_found + host_found),
-        "rejected_kernels": rejected,
-    }
-
-
-def _host_tables(src: TableSource, strings: pl.DataFrame) -> tuple[dict[str, pl.DataFrame], list[dict]]:
-    """The normalised tables besides the kernels, with the findings of their checks."""
+    kernel_frame, rejected, k_found = kernels(src, strings)
+    if kernel_frame.is_empty() and not rejected.is_empty():
+        issues = ", ".join(f"{n} {issue}" for issue, n in rejected.group_by("issue").len().sort("len", descending=True)
+                           .iter_rows())
+        raise ReportError(f"{label}: none of its {rejected.height} kernel records is usable ({issues})",
+                          "export the report again with `nsys export -t sqlite`; the export is damaged")
     runtime_frame, r_found = runtime(src, strings)
     nvtx_frame, n_found = nvtx(src, strings)
-    frames = {"runtime": runtime_frame, "nvtx": nvtx_frame, "graph_nodes": graph_nodes(src, strings),
-              "sync": sync(src), "gpus": gpus(src), "streams": streams(src)}
-    return frames, r_found + n_found
+    return {
+        "kernels": kernel_frame,
+        "runtime": runtime_frame,
+        "nvtx": nvtx_frame,
+        "graph_nodes": graph_nodes(src, strings),
+        "sync": sync(src),
+        "gpus": gpus(src),
+        "streams": streams(src),
+        "findings": validate.findings_frame(found + k_found + r_found + n_found),
+        "rejected_kernels": rejected,
+    }
