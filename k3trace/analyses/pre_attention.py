@@ -13,9 +13,7 @@ def windows(stable_kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     """One row per (stable step, full-attention layer): `window_ns`, the two kernels."""
     k = stable_kernels.select("step", "layer", "family", "name", "start", "end").filter(pl.col("layer").is_not_null())
     fmha = (
-        # The pattern only over the full-attention families' kernels (a filter at a time).
-        k.filter(pl.col("family").is_in(cfg.full_attention_families))
-        .filter(pl.col("name").str.contains(cfg.fmha_pattern))
+        k.filter(pl.col("family").is_in(cfg.full_attention_families), pl.col("name").str.contains(cfg.fmha_pattern))
         .group_by("step", "layer")
         .agg(pl.col("start").min().alias("fmha_start"), pl.col("name").sort_by("start").first().alias("fmha_kernel"))
     )

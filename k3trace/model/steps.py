@@ -148,9 +148,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
 
 
 def _step_table(kernels: pl.DataFrame, signature: pl.Expr | None) -> pl.DataFrame:
-    # Only the columns the table reads go through the filter (it gathers each one).
-    stepped = kernels.select("step", "start", "end", "graph_node_id", "name", "launch_rank").filter(
-        pl.col("step").is_not_null())
+    stepped = kernels.filter(pl.col("step").is_not_null())
     # Without graph ids a step's signature is its kernel-name sequence in launch order.
     sig = signature if signature is not None else (
         pl.col("name").sort_by("launch_rank").str.join("|").hash().cast(pl.String)
