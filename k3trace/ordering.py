@@ -41,16 +41,6 @@ def _packed(values: list[np.ndarray]) -> tuple[np.ndarray, int] | None:
     return (key, used) if key is not None else None
 
 
-def packed_key(frame: pl.DataFrame, *keys: str) -> np.ndarray | None:
-    """One int64 per row that orders the rows as the integer `keys` do (no nulls), where all
-    of their ranges fit into it; else None."""
-    values = [_values(frame[k], False) for k in keys]
-    if not frame.height or any(v is None for v in values):
-        return None
-    packed = _packed(values)
-    return packed[0] if packed is not None and packed[1] == len(values) else None
-
-
 def _lexsorted(frame: pl.DataFrame, keys: tuple[str, ...], *,
                nulls: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
     """(order, tied): the stable order of integer keys (nulls first, where `nulls`), and

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from k3trace.config import Config
-from k3trace.ordering import packed_key, polars_positions, sort_positions
+from k3trace.ordering import polars_positions, sort_positions
 
 STREAM, JOIN, LAUNCH = "stream", "join", "launch"
 
@@ -192,7 +192,8 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     row_of[ids] = np.arange(len(ids))
     pred = edges["pred"].fill_null(-1).to_numpy().astype(np.int64)
     pred_row = np.where(pred >= 0, row_of[np.clip(pred, 0, None)], -1)
-    cursor = _latest_ending(edges, row_of)
+    last = edges.select("step", "end", "kernel_id").sort("end").group_by("step").agg(pl.col("kernel_id").last())
+    cursor = row_of[last["kernel_id"].to_numpy().astype(np.int64)]
     on_path = np.zeros(len(ids), dtype=bool)
     while cursor.size:
         on_path[cursor] = True
@@ -211,22 +212,6 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col("on_path")).then(pl.col("end") - counted_from).otherwise(0).alias("critical_ns"),
         pl.when(pl.col("on_path")).then((pl.col("start") - released).clip(lower_bound=0)).otherwise(0).alias("bubble_ns"),
     ).drop("step_start")
-
-
-def _latest_ending(edges: pl.DataFrame, row_of: np.ndarray) -> np.ndarray:
-    """Per step, the row of its latest-ending kernel, where the path ends: the last of its
-    run in (step, end) order, by numpy's sort of one packed key. Where two kernels end the
-    step together, polars' sort by end decides between them, as it always did."""
-    key = packed_key(edges, "step", "end")
-    if key is not None:
-        order = np.argsort(key, kind="stable")
-        ordered, step = key[order], edges["step"].to_numpy()[order]
-        last = np.flatnonzero(np.append(step[1:] != step[:-1], True))
-        if not np.any((last > 0) & (ordered[last] == ordered[np.maximum(last - 1, 0)])):
-            return order[last]
-    last = (edges.select("step", "end", "kernel_id").sort("end")
-            .group_by("step").agg(pl.col("kernel_id").last()))
-    return row_of[last["kernel_id"].to_numpy().astype(np.int64)]
 
 
 def per_step(path: pl.DataFrame) -> pl.DataFrame:
