@@ -107,18 +107,3 @@ def test_copied_report_is_its_own_entry(trace_sqlite, cache_dir, tmp_path):
     run(trace_sqlite("small_before"), cache_dir)
     _, phases = run(copy, cache_dir)
     assert "cached analysis" not in phases
-
-
-def test_frames_written_early_are_the_entry_s(trace_sqlite, cache_dir):
-    """The kernels and path frames are written while the analysis runs (store.EarlyFrames):
-    the entry holds the same bytes as one written at the end, and no temporary folder stays."""
-    from k3trace.analyses import store
-
-    path = trace_sqlite("small_before")
-    first, _ = run(path, cache_dir)
-    (entry,) = (cache_dir / "analyses").iterdir()
-    late = cache_dir / "late"
-    assert store.save(first, late)
-    files = json.loads((entry / "manifest.json").read_text())["files"]
-    assert files == json.loads((late / "manifest.json").read_text())["files"]
-    assert not [p for p in (cache_dir / "analyses").iterdir() if p.name.startswith(".")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import functools
 import hashlib
@@ -54,13 +53,12 @@ def analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None = None, to
     if cached is not None:
         progress("cached analysis")
         return cached
-    # The trace's cache entry, and the analysis' large frames once final, are written while
-    # the analysis runs, on the other core.
-    with ThreadPoolExecutor(1) as writer, store.EarlyFrames(folder.parent, writer) as early:
+    # The trace's cache entry is written while the analysis runs, on the other core.
+    with ThreadPoolExecutor(1) as writer:
         trace = load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits, writer=writer)
-        result = analyze(trace, cfg, donor=donor, finished=early.submit)
-        progress("writing cache")
-        store.save(result, folder, early)
+        result = analyze(trace, cfg, donor=donor)
+    progress("writing cache")
+    store.save(result, folder)
     return result
 
 
@@ -75,10 +73,7 @@ STABLE_COLUMNS = ("kernel_id", "step", "stream_id", "start", "end", "launch_star
                   "layer", "launch_rank", "segment")
 
 
-def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None,
-            finished: Callable[[pl.DataFrame], None] = lambda _: None) -> Analysis:
-    """The analysis of `trace`; `finished` is called with each large frame of the result as
-    soon as it is final (analyze_report's cache writes it meanwhile)."""
+def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> Analysis:
     if trace.kernels.is_empty():
         raise ReportError(f"{trace.source}: the report holds no kernel records",
                           "record GPU work with `nsys profile -t cuda,nvtx --cuda-graph-trace=node`")
@@ -94,8 +89,6 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None,
     # From here on only these columns of the kernels are read: the launch and capture
     # columns, and the assignment's unlabelled frame, are let go (peak memory).
     labelled = labelling.kernels.select(*KERNEL_COLUMNS, "launch_start", "signature")
-    kernel_frame = labelled.select(KERNEL_COLUMNS)
-    finished(kernel_frame)
     assignment = replace(assignment, kernels=labelled)
     del labelling
     stable_ids = steps.filter(pl.col("stable")).select("step")
@@ -115,7 +108,6 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None,
     with ThreadPoolExecutor(1) as side:
         spreading = side.submit(overlap_metrics, stable_kernels, steps, n, cfg)
         on_path = path_metrics(stable_kernels, labelled, steps, cfg)
-        finished(on_path.path)
         spread = spreading.result()
     checked = completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source)
     notes = []
@@ -142,7 +134,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None,
         step_source=assignment.source,
         config=cfg,
         steps=steps,
-        kernels=kernel_frame,
+        kernels=labelled.select(KERNEL_COLUMNS),
         step_times=step_times,
         families=family_rows,
         kernel_table=kernel_rows,

@@ -8,9 +8,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
-import shutil
-from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,60 +26,11 @@ _TYPES: dict[str, type] = {t.__name__: t for t in (Analysis, StepGraph, Complete
                                                   ModuleRule, LabelSummary)}
 
 
-def _write_frame(frame: pl.DataFrame, path: Path) -> None:
-    frame.write_ipc(path, compression="lz4")
-
-
-class EarlyFrames:
-    """Large frames of an analysis written while the analysis goes on, on the writer's
-    thread (the analysis leaves a core idle much of the time), and moved into the entry by
-    `save` instead of being written there. Its folder is removed on leaving the `with`."""
-
-    def __init__(self, root: Path, writer: Executor) -> None:
-        self._root, self._writer = root, writer
-        self._folder: Path | None = None
-        self._written: dict[int, tuple[pl.DataFrame, Path, Future]] = {}
-
-    def __enter__(self) -> "EarlyFrames":
-        try:
-            self._root.mkdir(parents=True, exist_ok=True)
-            self._folder = self._root / cachefs.temp_name(".tmp-", "early")
-            self._folder.mkdir()
-        except OSError:
-            self._folder = None  # no cache to write into: `save` will find out
-        return self
-
-    def submit(self, frame: pl.DataFrame) -> None:
-        """Start writing `frame`, a final one of the analysis (the same object `save` meets)."""
-        if self._folder is not None:
-            path = self._folder / f"{len(self._written)}.arrow"
-            self._written[id(frame)] = (frame, path, self._writer.submit(_write_frame, frame, path))
-
-    def taken(self, frame: pl.DataFrame) -> Callable[[Path], None] | None:
-        """A writer that moves `frame`'s early file into place, if it was submitted."""
-        found = self._written.get(id(frame))
-        if found is None or found[0] is not frame:
-            return None
-        _, path, done = found
-
-        def move(to: Path) -> None:
-            done.result()  # an OSError of the write fails the entry, as writing it here would
-            os.replace(path, to)
-        return move
-
-    def __exit__(self, *exc) -> None:
-        for _, _, done in self._written.values():
-            done.exception()  # wait: nothing may still write into the folder being removed
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-
-
 class _Encoder:
     """Values -> JSON-able trees; frames and arrays go to files named in the tree."""
 
-    def __init__(self, early: EarlyFrames | None = None) -> None:
+    def __init__(self) -> None:
         self.files: dict[str, Callable[[Path], None]] = {}
-        self.early = early
 
     def _file(self, suffix: str, write: Callable[[Path], None]) -> str:
         name = f"{len(self.files)}.{suffix}"
@@ -91,8 +39,7 @@ class _Encoder:
 
     def encode(self, value: Any) -> Any:
         if isinstance(value, pl.DataFrame):
-            early = self.early.taken(value) if self.early is not None else None
-            return {"frame": self._file("arrow", early or (lambda p, v=value: _write_frame(v, p)))}
+            return {"frame": self._file("arrow", lambda p, v=value: v.write_ipc(p, compression="lz4"))}
         if isinstance(value, np.ndarray):
             if value.dtype == object:
                 raise TypeError("object arrays are not stored")
@@ -148,10 +95,9 @@ def _decode(node: Any, folder: Path) -> Any:
     raise TypeError(f"unknown node {kind}")
 
 
-def save(analysis: Analysis, folder: Path, early: EarlyFrames | None = None) -> bool:
-    """Write the entry (atomic; False when the cache could not take it), taking the frames
-    `early` wrote already."""
-    enc = _Encoder(early)
+def save(analysis: Analysis, folder: Path) -> bool:
+    """Write the entry (atomic; False when the cache could not take it)."""
+    enc = _Encoder()
     try:
         tree = enc.encode(analysis)
     except (TypeError, ValueError):
