@@ -8,13 +8,11 @@ Only the columns below are read, so extra columns of newer versions cost nothing
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from k3trace.errors import ReportError
 from k3trace.ingest import schema, validate
 from k3trace.ingest.tables import TRUNCATED, TableSource
-from k3trace.ordering import sort_positions
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -99,33 +97,21 @@ def kernels(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.D
     keyed = _packed_launch(raw)
     if keyed is None:
         keyed = raw.select(keys)
-    # One grouping gives both the distinct launches (any row of each) and every row's
-    # launch, where a unique and a join back hashed the keys twice.
-    launches = keyed.with_row_index("_row").group_by(keyed.columns).agg("_row")["_row"]
-    del keyed
-    distinct = _resolve(raw.select(keys)[launches.list.first()], strings, "_name_id", "_full_name")
-    signed = schema.with_kernel_signature(distinct.select("_full_name", *_LAUNCH))["signature"].to_numpy()
-    per_row = np.empty(raw.height, dtype=np.int64)
-    per_row[launches.explode().to_numpy()] = np.repeat(signed, launches.list.len().to_numpy())
-    signature = pl.Series("signature", per_row, dtype=pl.Int64)
-    # Set beside the rest: joining the whole table would gather all its columns twice more.
+    firsts = keyed.with_row_index("_row").unique(keyed.columns, keep="any")["_row"]
+    distinct = _resolve(raw.select(keys)[firsts], strings, "_name_id", "_full_name")
+    signed = keyed[firsts].with_columns(schema.with_kernel_signature(distinct.select("_full_name", *_LAUNCH))["signature"])
+    # Joined on the key columns alone (a left join keeps the row order), then set beside the
+    # rest: joining the whole table would gather all its columns twice more (peak memory).
     name = _resolve(raw.select("shortName"), strings, "shortName", "name")["name"]
+    signature = keyed.join(signed, on=keyed.columns, how="left", nulls_equal=True)["signature"]
+    del keyed
     frame = raw.drop(keys).with_columns(name, signature)
     frame = frame.rename(
         {"deviceId": "device_id", "streamId": "stream_id", "globalPid": "global_pid",
          "correlationId": "correlation_id", "graphNodeId": "graph_node_id", "graphId": "graph_id"}
     )
-    return _in_time_order(_cast(frame, "kernels")), _cast_rejected(rejected), found
-
-
-def _in_time_order(frame: pl.DataFrame) -> pl.DataFrame:
-    """`frame.sort("start", "end")`. Rows are not guaranteed to be in time order (METRICS.md,
-    "Inputs"), but nsys mostly writes them so: then the frame is kept as it is, where the
-    sort gathered every column again."""
-    order = sort_positions(frame, "start", "end")
-    if not np.array_equal(order, np.arange(frame.height)):
-        frame = frame[order]
-    return frame.with_columns(pl.col("start").set_sorted())
+    # Rows are not guaranteed to be in time order (METRICS.md, "Inputs").
+    return _cast(frame, "kernels").sort("start", "end"), _cast_rejected(rejected), found
 
 
 def _cast_rejected(frame: pl.DataFrame) -> pl.DataFrame:
