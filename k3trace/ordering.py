@@ -1,9 +1,12 @@
 """Sort orders of frames, as row positions, for the numpy scans of the metrics.
 
 Where the sort keys are unique (every time order in a trace but the rare tie) the sorted
-order is the only one, and numpy's lexsort finds it at a third of the cost of polars'
-multi-column sort. With ties, polars' own sort decides, so they fall exactly as they did
-when the metrics sorted the frames themselves.
+order is the only one, and numpy finds it for a fraction of polars' multi-column sort:
+the keys packed into one integer where their ranges fit (a step and a start time do) and
+sorted by numpy's stable sort, which runs in near-linear time over the nearly sorted
+orders of a trace (373k kernels: 2 ms, where polars' two-column sort takes 35 and numpy's
+lexsort 9); else by lexsort. With ties, polars' own sort decides, so they fall exactly as
+they did when the metrics sorted the frames themselves.
 """
 
 from __future__ import annotations
@@ -12,13 +15,51 @@ import numpy as np
 import polars as pl
 
 
-def _lexsorted(frame: pl.DataFrame, keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
-    """(order, tied): numpy's lexsort of integer keys without nulls, and per neighbour pair
-    in that order whether all keys are equal; None where the keys are not such."""
-    columns = [frame[k] for k in keys]
-    if frame.height < 2 or not all(c.dtype.is_integer() and c.null_count() == 0 for c in columns):
+def _values(column: pl.Series, nulls: bool) -> np.ndarray | None:
+    """An integer column as int64, nulls (where allowed) as one value below all others, as
+    polars sorts them first; None where it is not such a column."""
+    if not column.dtype.is_integer() or (column.null_count() and not nulls):
         return None
-    values = [c.to_numpy() for c in columns]
+    low = column.min()
+    if low is not None and (low <= np.iinfo(np.int64).min or column.max() > np.iinfo(np.int64).max):
+        return None
+    below = low - 1 if low is not None else 0
+    return column.cast(pl.Int64).fill_null(below).to_numpy()
+
+
+def _packed(values: list[np.ndarray]) -> tuple[np.ndarray, int] | None:
+    """The leading keys packed into one int64 that orders rows as they do key by key, and
+    how many keys it covers (None: not even the first one's range fits)."""
+    key, width, used = None, 1, 0
+    for v in values:
+        low, high = int(v.min()), int(v.max())
+        span = high - low + 1
+        if width * span >= 1 << 62:
+            break
+        key = v - low if key is None else key * span + (v - low)
+        width, used = width * span, used + 1
+    return (key, used) if key is not None else None
+
+
+def _lexsorted(frame: pl.DataFrame, keys: tuple[str, ...], *,
+               nulls: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+    """(order, tied): the stable order of integer keys (nulls first, where `nulls`), and
+    per neighbour pair in that order whether all keys are equal; None where the keys are
+    not such."""
+    if frame.height < 2:
+        return None
+    values = [_values(frame[k], nulls) for k in keys]
+    if any(v is None for v in values):
+        return None
+    packed = _packed(values)
+    if packed is not None:
+        key, used = packed
+        order = np.argsort(key, kind="stable")
+        ordered = key[order]
+        tied = ordered[1:] == ordered[:-1]
+        # Keys past the packed ones only break ties of those: without one, none is needed.
+        if used == len(values) or not tied.any():
+            return order, tied
     order = np.lexsort(values[::-1])
     tied = np.ones(len(order) - 1, dtype=bool)
     for v in values:
@@ -37,8 +78,8 @@ def has_repeats(frame: pl.DataFrame, *keys: str) -> bool:
 
 
 def sort_positions(frame: pl.DataFrame, *keys: str) -> np.ndarray:
-    """Row positions of `frame` in the order `frame.sort(*keys)` puts them."""
-    found = _lexsorted(frame, keys)
+    """Row positions of `frame` in the order `frame.sort(*keys)` puts them (nulls first)."""
+    found = _lexsorted(frame, keys, nulls=True)
     if found is not None and not found[1].any():
         return found[0].astype(np.int64)
     return polars_positions(frame, *keys)

@@ -183,3 +183,28 @@ def test_input_is_never_modified(trace_sqlite, tmp_path, cache_dir):
     load_report(path, cache_dir=cache_dir)
     assert (path.read_bytes(), path.stat().st_mtime_ns) == before
     assert listing(tmp_path) == {"run.sqlite", "cache"}
+
+
+def _parted_table(path: Path, rows: int) -> None:
+    """A table past the part-wise read's threshold whose second half differs in type: ids
+    null in the first half, and one text value among the integers of `n`."""
+    with sqlite3.connect(path) as con:
+        con.execute("CREATE TABLE t (start INTEGER, node INTEGER, n INTEGER)")
+        con.executemany("INSERT INTO t VALUES (?, ?, ?)",
+                        ((i, None if i < rows // 2 else i, "x" if i == rows - 7 else i) for i in range(rows)))
+
+
+def test_part_wise_read_equals_one_scan(tmp_path, monkeypatch):
+    from k3trace.ingest import tables
+
+    path = tmp_path / "parts.sqlite"
+    _parted_table(path, 4 * tables.MIN_ROWS_PER_READER + 5)
+    src = tables.SqliteTables(path)
+    assert len(src._rowid_parts("t")) > 1 or (os.cpu_count() or 1) < 2
+    parted = src.read("t", ["start", "node", "n"], integers=["start", "node", "n"])
+    monkeypatch.setattr(tables, "MAX_READERS", 1)
+    whole = tables.SqliteTables(path).read("t", ["start", "node", "n"], integers=["start", "node", "n"])
+    assert parted.equals(whole)
+    assert parted["start"].to_list() == list(range(parted.height))  # rowid order kept
+    assert parted[tables.WRONG_TYPE].sum() == 1 and parted["n"].null_count() == 1
+    assert parted["node"].dtype == pl.Int64 and parted["node"].null_count() == parted.height // 2

@@ -142,14 +142,23 @@ class _EndOrder:
         new_run = np.ones(len(order), dtype=bool)
         new_run[1:] = (st[1:] != st[:-1]) | (s[1:] != s[:-1])
         before_run = np.maximum.accumulate(np.where(new_run, np.arange(len(order)), 0)) - 1
-        steps = np.unique(s)
+        # In this order each step's kernels are one run, ending with its latest end: the
+        # distinct steps, each row's step number and the steps' extents come from where
+        # the step changes (no unique, search or group-by, each a sort's cost).
+        new_step = np.ones(len(s), dtype=bool)
+        new_step[1:] = s[1:] != s[:-1]
+        firsts = np.flatnonzero(new_step)
+        steps = s[firsts]
+        g = np.cumsum(new_step) - 1
         # Each step gets a stretch of the line from its earliest start: every probe lies
         # within [start - 1, last end] of its step (a zero-length kernel probes at end - 1),
         # so a stride of the longest step + 2 keeps the stretches apart.
-        frame = k.group_by("step").agg(pl.col("start").min(), pl.col("end").max()).sort("step")
-        base = frame["start"].to_numpy()
-        stride = int((frame["end"].to_numpy() - base).max()) + 2 if len(base) else 2
-        g = np.searchsorted(steps, s)
+        if len(s):
+            base = np.minimum.reduceat(k["start"].to_numpy()[order], firsts)
+            last_end = end[np.append(firsts[1:], len(s)) - 1]
+            stride = int((last_end - base).max()) + 2
+        else:
+            base, stride = np.zeros(0, dtype=np.int64), 2
         key = g * stride + (end - base[g])
         return cls(kernel_id=k["kernel_id"].to_numpy()[order], step=s, stream=st, end=end, before_run=before_run,
                    steps=steps, base=base, stride=stride, key=key)

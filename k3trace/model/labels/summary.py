@@ -38,16 +38,23 @@ class LabelSummary:
                 "donor": self.donor, "donor_coverage": self.donor_coverage}
 
 
+def source_stats(kernels: pl.DataFrame) -> tuple[dict[str, int], dict[str, float]]:
+    """(`source_counts`, `source_time_share`) from one grouping of the kernels by source."""
+    per = kernels.group_by("label_source").agg(pl.len().alias("n"),
+                                               (pl.col("end") - pl.col("start")).sum().alias("t"))
+    counts = {s: n for s, n, _ in per.iter_rows()}
+    total = float(per["t"].sum() or 0) or 1.0
+    got = {s: float(t) for s, _, t in per.iter_rows()}
+    return ({source: int(counts.get(source, 0)) for source in SOURCES},
+            {source: got.get(source, 0.0) / total for source in SOURCES})
+
+
 def source_counts(kernels: pl.DataFrame) -> dict[str, int]:
-    counts = dict(kernels.group_by("label_source").len().iter_rows())
-    return {source: int(counts.get(source, 0)) for source in SOURCES}
+    return source_stats(kernels)[0]
 
 
 def source_time_share(kernels: pl.DataFrame) -> dict[str, float]:
-    per = kernels.group_by("label_source").agg((pl.col("end") - pl.col("start")).sum().alias("t"))
-    total = float(per["t"].sum() or 0) or 1.0
-    got = {s: float(t) for s, t in per.iter_rows()}
-    return {source: got.get(source, 0.0) / total for source in SOURCES}
+    return source_stats(kernels)[1]
 
 
 def step_convention(range_form: str | None) -> str | None:

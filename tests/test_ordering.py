@@ -1,0 +1,50 @@
+"""Sort orders as row positions (k3trace/ordering.py) are the ones polars' sort gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from k3trace.ordering import has_repeats, polars_positions, sort_positions
+
+
+def _frame(seed: int, n: int = 5000, nulls: bool = False, span: int = 1 << 40) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    step = pl.Series("step", rng.integers(-3, 40, n))
+    if nulls:
+        dropped = pl.Series(rng.random(n) < 0.1)
+        step = pl.select(pl.when(dropped).then(None).otherwise(step)).to_series().alias("step")
+    start = np.sort(rng.choice(span, n, replace=False))  # nearly sorted, as a trace's times are
+    start[::7] = rng.choice(span, len(start[::7]), replace=False)
+    return pl.DataFrame({"step": step, "start": start, "end": start + rng.integers(0, 1000, n),
+                         "rank": rng.permutation(n)})
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("keys", [("step", "rank"), ("step", "start", "end"), ("start",),
+                                  ("step", "end", "rank")])
+def test_positions_equal_polars_sort(seed, keys):
+    for nulls in (False, True):
+        frame = _frame(seed, nulls=nulls)
+        expected = frame.select(*keys).with_row_index("_pos").sort(*keys)
+        got = frame.select(*keys)[sort_positions(frame, *keys)]
+        assert got.equals(expected.drop("_pos"))
+        if not expected.select(pl.struct(*keys).is_duplicated().any()).item():
+            assert (sort_positions(frame, *keys) == expected["_pos"].to_numpy()).all()
+
+
+def test_ties_fall_back_to_polars():
+    frame = pl.DataFrame({"step": [1, 1, 0, 0, 1], "end": [5, 5, 3, 3, 2]})
+    assert (sort_positions(frame, "step", "end") == polars_positions(frame, "step", "end")).all()
+
+
+def test_keys_too_wide_to_pack():
+    frame = pl.DataFrame({"a": [2**62, -2**62, 0, 5], "b": [3, 2, 1, 0]})
+    assert frame[sort_positions(frame, "a", "b")].equals(frame.sort("a", "b"))
+
+
+def test_has_repeats():
+    frame = _frame(0)
+    assert not has_repeats(frame, "start", "end", "step")
+    assert has_repeats(pl.concat([frame, frame.head(1)]), "start", "end", "step")
