@@ -350,7 +350,8 @@ LINEAR_SHAPES = {"moe front (rest, router_fork)": (7168, 5120, 92), "moe front":
                  "mla q_a / g_proj": (7168, 1536, 48), "mla o_proj": (1536, 7168, 24),
                  "mla q_a | kv_a | g_proj (mla_proj_merged)": (7168, 3648, 24),
                  "shared down": (768, 7168, 92)}
-SKINNY_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64, 128) for bk in (128, 256) for w in (4, 8) for st in (4, 6, 8)]
+SKINNY_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64, 128) for bk in (128, 256) for w in (4, 8)
+                for st in (4, 6, 8)]
 
 
 def _try_us(fn, calls: int) -> float:
@@ -397,7 +398,8 @@ def linear_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, di
     return res
 
 
-SPLIT_CONFIGS = [(64, 256, 8, 4), (64, 128, 4, 4), (128, 256, 8, 3), (32, 256, 4, 4), (64, 256, 4, 3), (128, 128, 8, 4)]
+SPLIT_CONFIGS = [(64, 256, 8, 4), (64, 128, 4, 4), (128, 256, 8, 3), (32, 256, 4, 4), (64, 256, 4, 3),
+                 (128, 128, 8, 4)]
 SPLITS = (2, 3, 4, 6, 8)
 
 

@@ -113,8 +113,9 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
     n = stable_ids.height
     # Side by side: their numpy scans and sorts leave the other core idle (cold analyze at
     # 373k kernels 1.38 -> 1.28 s, at 2.2M 8.7 -> 7.1 s, measured beside an early cache
-    # write since reverted), for 240 MB more peak memory at 2.2M (both working sets alive). They share only read-only frames. Not while
-    # another analysis runs (the diff's two sides fill the cores already).
+    # write since reverted), for 240 MB more peak memory at 2.2M (both working sets alive
+    # at once). They share only read-only frames. Not while another analysis runs (the
+    # diff's two sides fill the cores already).
     with ThreadPoolExecutor(1) as side:
         spreading = side.submit(overlap_metrics, stable_kernels, steps, n, cfg) if _running.alone() else None
         on_path = path_metrics(stable_kernels, labelled, steps, cfg)

@@ -176,7 +176,7 @@ SKINNY_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (7168, 5120): (64, 256, 8, 4),   # its rest (router_fork)
     (7168, 6144): (64, 256, 8, 4),   # KDA qkvg       22.8 us vs 26.6
     (3584, 7168): (64, 128, 4, 6),   # MoE up         14.5 us vs 18.0
-    (7168, 3648): (32, 256, 4, 4),   # MLA q_a | kv_a | g_proj (mla_proj_merged): not yet swept
+    (7168, 3648): (32, 256, 4, 4),   # MLA q_a | kv_a | g_proj (mla_proj_merged) 17.9 us vs 18.2
 }
 SKINNY_DEFAULT = (64, 256, 8, 4)
 #: Variant linear_split_k: (config, split) per (K, N), where splitting K over programs
@@ -200,9 +200,9 @@ MLA_SPLITS: dict[tuple[int, int], tuple[tuple[int, int, int, int], int]] = {
 
 @dataclass(frozen=True)
 class SplitK:
-    """Variant linear_split_k's buffers, shared by every skinny GEMM of a stream (they run
-    one after another: each takes tickets only after its PDL wait, when the previous
-    skinny GEMM has completed)."""
+    """Split-K buffers (variants linear_split_k, triton_mla_proj), shared by the skinny GEMMs
+    of one stream (they run one after another: each takes tickets only after its PDL wait,
+    when the previous skinny GEMM has completed); one set per stream."""
     partials: torch.Tensor  # fp32 [SPLIT_MAX * 16 * max N]
     tickets: torch.Tensor   # int32 [max N / 16], zero; each reduction resets its own
 
@@ -222,14 +222,16 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     [B, chunks], the sums of squares of x's row in chunks (moe_weighted_sum writes them).
     `early_weights` (variant linear_early_weights): the first K block of w loads before the
     PDL wait; the same products in the same order (bit for bit). `split_k` (variant
-    linear_split_k): K split over `splits` programs per column block (default: this shape's
-    SKINNY_SPLITS entry, else unsplit); fp32 partials summed in split order, deterministic
-    but not the unsplit kernel's bits."""
+    linear_split_k, triton_mla_proj): K split over `splits` programs per column block
+    (default: this shape's SKINNY_SPLITS or MLA_SPLITS entry, else unsplit); fp32 partials
+    summed in split order, deterministic but not the unsplit kernel's bits."""
     B, K = x.shape
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
     assert w.stride(1) == 1 and x.stride(1) == 1 and out.stride(1) == 1
-    split_cfg, split_n = {**SKINNY_SPLITS, **MLA_SPLITS}.get((K, N), (None, 1)) if split_k is not None else (None, 1)
+    split_cfg, split_n = (None, 1)
+    if split_k is not None:
+        split_cfg, split_n = {**SKINNY_SPLITS, **MLA_SPLITS}.get((K, N), (None, 1))
     bn, bk, warps, stages = config or split_cfg or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     S = splits or split_n
     sumsq, eps = rms_of if rms_of is not None else (out, 0.0)
