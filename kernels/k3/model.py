@@ -142,6 +142,12 @@ class Layer:
     mlp: MoELayer | DenseLayer
 
 
+def x_proj_parts(t: torch.Tensor, cfg: K3Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mla_proj_merged: the q_a | kv_a | g_proj column views of a merged weight or output."""
+    a, b = cfg.q_lora, cfg.q_lora + cfg.kv_a_width
+    return t[:, :a], t[:, a:b], t[:, b:]
+
+
 # ---- activations (one set, reused by every layer) ------------------------------------------
 class Scratch:
     """Preallocated activations: nothing is allocated inside step()."""
@@ -211,8 +217,7 @@ class Scratch:
     def merge_mla_projections(self, cfg: K3Config) -> None:
         """mla_proj_merged: q_a, kv_a and g as column views of the one GEMM's output."""
         self.x_proj = torch.empty(cfg.batch, cfg.x_proj_width, device=self.x.device, dtype=self.x.dtype)
-        a, b = cfg.q_lora, cfg.q_lora + cfg.kv_a_width
-        self.q_a, self.kv_a, self.g = self.x_proj[:, :a], self.x_proj[:, a:b], self.x_proj[:, b:]
+        self.q_a, self.kv_a, self.g = x_proj_parts(self.x_proj, cfg)
 
 
 class K3Decode:
@@ -330,8 +335,7 @@ class K3Decode:
         if P.mla_proj_merges(c, self.variant):
             # The same weights (drawn as above), side by side; the three become views.
             w.x_proj = torch.cat([w.q_a, w.kv_a, w.g_proj], dim=1)
-            a, b = c.q_lora, c.q_lora + c.kv_a_width
-            w.q_a, w.kv_a, w.g_proj = w.x_proj[:, :a], w.x_proj[:, a:b], w.x_proj[:, b:]
+            w.q_a, w.kv_a, w.g_proj = x_proj_parts(w.x_proj, c)
         return w
 
     def _build_moe(self, l: int) -> MoELayer:
