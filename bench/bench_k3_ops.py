@@ -94,6 +94,56 @@ def router_head(B: int, calls: int) -> dict[str, float]:
             "router_fork: [router GEMV -> router -> align] || rest of front": per_call_us(forked, calls)}
 
 
+#: router_in_front's sweep: (config, (router splits, rest splits)).
+FRONT_ROUTER_SWEEP = [(c, sp) for c in ((64, 128, 8, 4), (64, 128, 4, 4), (64, 256, 8, 3), (32, 128, 4, 4))
+                      for sp in ((8, 3), (8, 2), (4, 3), (8, 4), (6, 3))]
+
+
+def front_router(B: int, calls: int) -> dict[str, float]:
+    """The MoE head at one token as c20 runs it (router_fork + router_align_fused +
+    triton_linear: [router GEMV -> router with the align] on S2 beside the skinny rest of the
+    front on main, joined) against router_in_front (one launch), over its sweep; the front's
+    rest alone for reference."""
+    from kernels.k3.ops.gemv import alloc_split_k, gemv, skinny_mm
+    from kernels.k3.ops.moe import (FRONT_ROUTER_CONFIG, FRONT_ROUTER_SPLITS, alloc_front_router_done,
+                                    moe_front_router, moe_router)
+    from kernels.streams import fork, join
+
+    assert B == 1, "router_in_front is a one-token variant"
+    H, W, E, K = 7168, 6016, 896, 16
+    copies = _copies(H * W * 2)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1, H, device="cuda", dtype=BF, generator=g)
+    front = [torch.randn(H, W, device="cuda", dtype=BF, generator=g) * H ** -0.5 for _ in range(copies)]
+    router_t = [f[:, :E].t().contiguous() for f in front]
+    bias = torch.randn(E, device="cuda", dtype=F32, generator=g) * 0.05
+    logits = torch.empty(1, E, device="cuda", dtype=BF)
+    rest = torch.empty(1, W - E, device="cuda", dtype=BF)
+    ids, wts = torch.empty(1, K, device="cuda", dtype=I32), torch.empty(1, K, device="cuda", dtype=F32)
+    seg = (torch.empty(K, device="cuda", dtype=I32), torch.empty(K, device="cuda", dtype=I32),
+           torch.empty(K + 1, device="cuda", dtype=I32), torch.empty(1, device="cuda", dtype=I32))
+    buf, done = alloc_split_k(H, "cuda"), alloc_front_router_done("cuda")
+    s2 = torch.cuda.Stream()
+
+    def forked(i):
+        main = torch.cuda.current_stream()
+        fork(main, s2, enabled=True)
+        with torch.cuda.stream(s2):
+            gemv(x, router_t[i % copies], logits)
+            moe_router(logits, bias, ids, wts, align=seg)
+        skinny_mm(x, front[i % copies][:, E:], rest)
+        join(main, s2, enabled=True)
+
+    res = {"front's rest alone (skinny)": per_call_us(lambda i: skinny_mm(x, front[i % copies][:, E:], rest), calls),
+           "c20 head: [router GEMV -> router+align] || rest of front": per_call_us(forked, calls)}
+    for cfg, sp in FRONT_ROUTER_SWEEP:
+        us = _try_us(lambda i, c=cfg, s=sp: moe_front_router(x, front[i % copies], rest, logits, bias, ids, wts,
+                                                             seg, buf, done, config=c, splits=s), calls)
+        tag = " (default)" if (cfg, sp) == (FRONT_ROUTER_CONFIG, FRONT_ROUTER_SPLITS) else ""
+        res[f"router_in_front {cfg} x{sp}{tag}"] = us
+    return res
+
+
 def router_align(B: int, calls: int) -> dict[str, float]:
     """The router leg's top-k and align: two launches, or the router writing the segments
     (router_align_fused; one token)."""
@@ -477,7 +527,8 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "mlp_residual_folded": (92, "add3 -> score", "mlp_residual_folded"),
            "kda_conv_fused": (69, "conv -> kda_step", "kda_conv_fused"),
            "moe_sum_norm_fused": (92, "weighted sum -> norm -> up", "moe_sum_norm_fused"),
-           "mla_proj_merged": (24, "q_a, kv_a, g_proj", "mla_proj_merged")}
+           "mla_proj_merged": (24, "q_a, kv_a, g_proj", "mla_proj_merged"),
+           "router_in_front": (92, "c20 head", "router_in_front (64, 128, 8, 4) x(8, 3) (default)")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
@@ -503,7 +554,8 @@ def main() -> int:
             "mlp_residual_folded": lambda: add3_fold(B, args.calls),
             "attn_res_fused": lambda: attn_res(B, 50, 8), "attn_res_fused, 2 rows": lambda: attn_res(B, 50, 2),
             "attn_res_rows": lambda: attn_res_rows(B, 50), "moe_tail_fused": lambda: moe_tail(B, args.calls),
-            "kda_conv_fused": lambda: kda_conv(B, args.calls), "mla_proj_merged": lambda: mla_proj(B, args.calls)}
+            "kda_conv_fused": lambda: kda_conv(B, args.calls), "mla_proj_merged": lambda: mla_proj(B, args.calls),
+            "router_in_front": lambda: front_router(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

@@ -46,7 +46,9 @@ from kernels.k3.ops.common import early_trigger
 from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
 from kernels.k3.ops.mla import gate_mul, mla_cache_insert, mla_decode_combine, mla_decode_fmha, mla_q_concat
 from kernels.k3.ops.moe import (
+    alloc_front_router_done,
     moe_align,
+    moe_front_router,
     moe_grouped_gemm,
     moe_router,
     moe_weighted_sum,
@@ -247,6 +249,9 @@ class K3Decode:
         splits = variant.linear_split_k or variant.triton_mla_proj
         self._split_k = {label: alloc_split_k(max(cfg.hidden, cfg.front_width), self.device)
                          for label in (P.MAIN, P.AUX1, P.AUX2)} if splits else {}
+        if P.router_in_front(cfg, variant):  # the front's own split-K buffers: main's
+            self._split_k.setdefault(P.MAIN, alloc_split_k(max(cfg.hidden, cfg.front_width), self.device))
+            self.front_router_done = alloc_front_router_done(self.device)
         self.attn_res_scores = alloc_attn_res_scores(self.bank)
         self.attn_res_counter = alloc_attn_res_counter(self.device)  # attn_res_fused's barrier
         # Plan cursor (see _expect).
@@ -348,7 +353,7 @@ class K3Decode:
             shared_down=self._w(c.shared_inter, c.shared_inter, H))
         if P.latent_norm_folds(c, self.variant):
             layer.up_g = (layer.latent_norm.float()[:, None] * layer.up.float()).to(layer.up.dtype)
-        if P.router_forks(c, self.variant):
+        if P.router_forks(c, self.variant) and not P.router_in_front(c, self.variant):  # the GEMV's
             layer.router_t = layer.front[:, slice(*c.front_slices["router"])].t().contiguous()
         return layer
 
@@ -653,12 +658,18 @@ class K3Decode:
         weights = s.topk_w[l]
         seg = (s.sorted_pairs, s.seg_expert, s.seg_start, s.num_segs)
         with self._segment(l, MOE):
+            in_front = P.router_in_front(cfg, v)
             if P.router_forks(cfg, v):
                 # The router and the rest of the front are separate reads of the same
                 # weights; the rest starts right after the router columns.
                 r1 = sl["router"][1]
                 latent = s.front_rest[:, sl["latent"][0] - r1:sl["latent"][1] - r1]
                 shared_gu = s.front_rest[:, sl["shared"][0] - r1:sl["shared"][1] - r1]
+            if in_front:
+                self._triton(P.FRONT, moe_front_router, s.x, w.front, s.front_rest, s.router_logits,
+                             w.router_bias, s.topk_ids[l], s.topk_w[l], seg, self._split_k[P.MAIN],
+                             self.front_router_done, scale=cfg.routed_scale)
+            elif P.router_forks(cfg, v):
                 router = self._fork(P.AUX2)
                 with self._on(router):
                     self._triton(P.ROUTER_GEMV, gemv, s.x, w.router_t, s.router_logits)
@@ -672,10 +683,10 @@ class K3Decode:
             with self._on(shared):
                 self._triton(P.SHARED_ACT, situ_mul, shared_gu, s.shared_h)
                 self._mm(P.SHARED_DOWN, s.shared_h, w.shared_down, s.shared_out)
-            if P.router_forks(cfg, v):
-                self._join(router)
-            else:
+            if not P.router_forks(cfg, v):
                 self._route(l, w, s.front[:, slice(*sl["router"])])
+            elif not in_front:  # in front: routed inside the front's own launch
+                self._join(router)
             self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg, s.expert_gu,
                          top_k=cfg.top_k, x_is_per_token=True)
             if v.situ_fused:  # the down GEMM applies SiTU as it loads gate|up

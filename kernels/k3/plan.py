@@ -82,6 +82,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "moe_router": ("moe_router_kernel",),
     "moe_router/multipass": ("moe_router_group_kernel", "moe_router_merge_kernel"),
     "moe_align": ("moe_align_kernel",),
+    "moe_front_router": ("moe_front_router_kernel",),  # router_in_front: the front GEMM + router
     "moe_grouped_gemm": ("moe_grouped_gemm_kernel",),
     "situ_mul": ("situ_mul_kernel",),
     "moe_weighted_sum": ("moe_weighted_sum_kernel",),
@@ -331,6 +332,16 @@ def router_aligns(cfg: K3Config, v: Variant) -> bool:
     return v.router_align_fused and cfg.batch == 1 and not v.router_multipass
 
 
+def router_in_front(cfg: K3Config, v: Variant) -> bool:
+    """router_in_front: where the forked router leg runs its single-pass router with the align
+    (router_fork, router_align_fused, B = 1) and the front is the skinny Triton GEMM
+    (triton_linear), that GEMM's launch takes the leg: its first programs stream the router
+    columns split over K and the last of them routes, while the rest streams. No S2 leg, no
+    join: the grouped GEMM follows the front on main, through PDL."""
+    return (v.router_in_front and router_forks(cfg, v) and router_aligns(cfg, v)
+            and linear_is_triton(cfg, v, FRONT))
+
+
 def moe_tail_fuses(cfg: K3Config, v: Variant) -> bool:
     """moe_tail_fused: at B = 1 the up GEMM, when it is the skinny Triton GEMM
     (triton_linear), forms its operand from the down GEMM's expert rows itself (weighted
@@ -369,7 +380,10 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     # The shared-expert fork stays on in every variant (no_attn_forks is attention only).
     key = "moe_router/multipass" if v.router_multipass else None
     fused = router_aligns(cfg, v)
-    if router_forks(cfg, v):
+    if router_in_front(cfg, v):
+        head = [_t(FRONT, MAIN, "moe_front_router"), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
+                _mm(SHARED_DOWN, AUX1)]
+    elif router_forks(cfg, v):
         # Seed 003: the router logits get their own streaming GEMV on S2, so the top-k and
         # the align run there while main streams the rest of the front GEMM.
         head = [Fork(AUX2), _t(ROUTER_GEMV, AUX2, "gemv"), _t(ROUTER, AUX2, "moe_router", key),

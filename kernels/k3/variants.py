@@ -43,6 +43,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "linear_split_k": ("linear_split_k", True),            # every SM streaming the skinny GEMMs
     "triton_o_proj": ("triton_o_proj", True),              # o_proj as the skinny GEMM too
     "triton_mla_proj": ("triton_mla_proj", True),          # the MLA's narrow GEMMs, split-K skinny
+    "router_in_front": ("router_in_front", True),          # the router inside the front GEMM's launch
 }
 
 DELAY_PREFIX = "delay"
@@ -78,6 +79,8 @@ class Variant:
     linear_split_k: bool = False     # skinny GEMMs split K over programs where the sweep says so
     triton_o_proj: bool = False      # with triton_linear: the KDA and MLA o_proj as the skinny GEMM
     triton_mla_proj: bool = False    # with triton_linear: q_a, kv_a, g_proj, q_b as split-K skinny GEMMs
+    router_in_front: bool = False    # with router_fork + router_align_fused + triton_linear: the front
+                                     # GEMM's first programs make the logits, its last one routes
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down

@@ -69,6 +69,9 @@ C18=$C14+linear_split_k
 C19=$C14+prefetch_leg:${PL_MB:-8}
 C20=$C14+triton_o_proj
 C21=$C20+triton_mla_proj
+# triton_mla_proj was even (campaign12): the chain goes on from C20. Fifth round: the router
+# leg taken into the front GEMM's launch.
+C22=$C20+router_in_front
 
 case $phase in
 campaign_test)
@@ -252,6 +255,19 @@ campaign12)  # triton_mla_proj: C20 / C21 interleaved, C21 recorded
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
   for r in a b; do rec k3_full_c21_$r --steps 40 --variant $C21; done
   pack k3_c21 ;;
+campaign13_test)  # router_in_front: its GPU tests, the head case and its sweep, C20 / C22 interleaved
+  set -o pipefail
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
+    -k "front_router or matches_reference or kernel_nodes" 2>&1 | tee $OUT/gpu13.log | tail -2
+  timeout 120 python3 bench/bench_k3_ops.py --batch 1 --cases router_in_front --json $OUT/ops13_b1.json 2>&1 \
+    | grep -v "^standalone"
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C22 $C20 $C22 \
+    --json $OUT/step13.json 2>&1 | grep "B=" ;;
+campaign13_rec)  # C22 recorded at full depth (2 runs)
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c22_$r --steps 40 --variant $C22; done
+  pack k3_c22 ;;
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

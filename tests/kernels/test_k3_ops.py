@@ -505,6 +505,46 @@ def test_router_align_fused_bitwise(E, K):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("E,TK,K,N,config,splits", [
+    (64, 4, 256, 64 + 96, (16, 64, 4, 2), (4, 2)),     # rest ragged (96 = 6 blocks), K even
+    (32, 8, 200, 32 + 40, (16, 64, 4, 2), (3, 1)),     # K tail, rest unsplit, a masked rest block
+    pytest.param(896, 16, 7168, 6016, None, None,  # K3's front
+                 marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (H200)")]),
+])
+def test_front_router_is_gemm_then_router(E, TK, K, N, config, splits):
+    """Variant router_in_front (one token): one launch gives the front GEMM's rest and the
+    router logits (within bf16 of float64), and from those logits exactly the ids, weights
+    and segments moe_router(align=...) gives; on a second call the same bits, and every
+    ticket and the arrival counter back at 0 after each call."""
+    from kernels.k3.ops.gemv import alloc_split_k
+
+    g = gen(33)
+    x, front = randn(g, 1, K), randn(g, K, N, scale=K ** -0.5)
+    bias = randn(g, E, scale=0.05, dtype=F32)
+    buf, done = alloc_split_k(N, DEV), moe.alloc_front_router_done(DEV)
+    kw = {k: v for k, v in (("config", config), ("splits", splits)) if v is not None}
+    runs = []
+    for _ in range(2):
+        rest, logits = torch.empty(1, N - E, device=DEV, dtype=BF), torch.empty(1, E, device=DEV, dtype=BF)
+        ids, w = ints(1, TK), torch.empty(1, TK, device=DEV, dtype=F32)
+        seg = (ints(TK), ints(TK), ints(TK + 1), ints(1))
+        moe.moe_front_router(x, front, rest, logits, bias, ids, w, seg, buf, done, scale=2.5, **kw)
+        assert not buf.tickets.any() and not done.any()
+        runs.append((rest, logits, ids, w, *seg))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    rest, logits, ids, w, *seg = runs[0]
+    want = x.double() @ front.double()
+    close(logits, want[:, :E])
+    close(rest, want[:, E:])
+    ids_r, w_r = ints(1, TK), torch.empty(1, TK, device=DEV, dtype=F32)
+    seg_r = (ints(TK), ints(TK), ints(TK + 1), ints(1))
+    moe.moe_router(logits, bias, ids_r, w_r, scale=2.5, align=seg_r)
+    assert torch.equal(ids, ids_r) and torch.equal(w, w_r)
+    for a, b in zip(seg, seg_r):
+        assert torch.equal(a, b)
+
+
 def _random_ids(B, E, K, seed):
     return torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(seed + b))[:K]
                         for b in range(B)]).to(device=DEV, dtype=I32)
@@ -738,6 +778,10 @@ for B in (1, 8, 64):
             gemv.skinny_mm(e(B, K), e(K, N), e(B, N), split_k=gemv.alloc_split_k(N, "meta"))
     if B == 1:  # variant moe_tail_fused
         gemv.skinny_mm_mixnorm(e(16, 3584), e(1, 16, dt=F32), e(3584), e(3584, H), e(1, H))
+    if B == 1:  # variant router_in_front
+        moe.moe_front_router(e(1, H), e(H, 6016), e(1, 5120), e(1, 896), e(896, dt=F32), ids, w,
+                             (e(16, dt=I32), e(16, dt=I32), e(17, dt=I32), e(1, dt=I32)),
+                             gemv.alloc_split_k(H, "meta"), e(1, dt=I32), scale=2.5)
 
 TY = {BF: "bf16", F32: "fp32", I32: "i32", torch.int64: "i64", torch.uint8: "u8"}
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -782,6 +826,8 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
         pdl = pdl and "cp.async.bulk.prefetch.L2.global" in ptx
     if kernel.__name__ == "attn_res_fused_kernel":  # the grid barrier's release / acquire
         pdl = pdl and "atom.global.gpu.release" in ptx and ".gpu.acquire" in ptx
+    if kernel.__name__ == "moe_front_router_kernel":  # the tickets' acq_rel arrivals
+        pdl = pdl and "atom.global.gpu.acq_rel.add" in ptx
     if r.returncode or spills or not pdl:
         bad.append(kernel.__name__)
 print("compiled", len(seen), "variants; bad:", bad)

@@ -140,6 +140,7 @@ def test_baseline_counts():
     ("triton_o_proj", 0),               # needs triton_linear's GEMM (below)
     ("triton_mla_proj", 0),             # likewise
     ("prefetch_leg:8", 186 + 69 + 92),  # a prefetch kernel before every GEMM after a latency-bound stretch
+    ("router_in_front", 0),             # needs the forked, aligned router and triton_linear (below)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -158,6 +159,23 @@ def test_moe_tail_fused_drops_two_launches_per_moe_layer():
     b8 = FULL.with_(batch=8)
     assert P.build_plan(b8, parse("triton_linear+moe_tail_fused")).triton_kernels == \
         P.build_plan(b8, parse("triton_linear")).triton_kernels
+
+
+def test_router_in_front_takes_the_router_leg_into_the_front():
+    # On router_fork + router_align_fused + triton_linear at B = 1: the router GEMV, the
+    # router and the front's skinny GEMM become one launch on main, and the S2 leg (its fork
+    # and join) goes; at B = 8 (no fork) or without triton_linear it does not apply.
+    head = "router_fork+router_align_fused+triton_linear"
+    base, p = P.build_plan(FULL, parse(head)), P.build_plan(FULL, parse(head + "+router_in_front"))
+    assert p.triton_kernels - base.triton_kernels == -2 * 92 and p.cublas_calls == base.cublas_calls
+    assert base.triton_kernel_names() - p.triton_kernel_names() == Counter(
+        {"gemv_kernel": 92, "moe_router_kernel": 92, "skinny_mm_kernel": 92})
+    assert p.triton_kernel_names() - base.triton_kernel_names() == Counter({"moe_front_router_kernel": 92})
+    moe = [s for s in p.segments if s.family == "moe"]
+    assert all(P.AUX2 not in {getattr(i, "side", None) for i in s.items} for s in moe)
+    assert all(l.stream == P.MAIN for s, l in p.launches() if l.subop == P.FRONT)
+    for cfg, name in ((FULL.with_(batch=8), head), (FULL, "router_fork+router_align_fused")):
+        assert P.build_plan(cfg, parse(name + "+router_in_front")).segments == P.build_plan(cfg, parse(name)).segments
 
 
 def test_latent_norm_folded_drops_the_norm_launch():

@@ -102,19 +102,17 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     if SPLIT_K > 1:
         k_first = tl.program_id(1) * k_per
         k_end = tl.minimum(k_first + k_per, K)
-    for k0 in range(k_first, k_end, BLOCK_K):
-        ks = k0 + kr
-        if EVEN_K:
-            wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=nm[None, :], other=0.0)
-        else:
-            km = ks < K
-            wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=km[:, None] & nm[None, :],
-                         other=0.0)
-        if MIX_K > 0:
+    if MIX_K > 0:
+        for k0 in range(k_first, k_end, BLOCK_K):
+            ks = k0 + kr
             if EVEN_K:
+                wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=nm[None, :], other=0.0)
                 ys = tl.load(x_rows + ks[None, :])
                 g = tl.load(gamma + ks)
             else:
+                km = ks < K
+                wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=km[:, None] & nm[None, :],
+                             other=0.0)
                 ys = tl.load(x_rows + ks[None, :], mask=km[None, :], other=0.0)
                 g = tl.load(gamma + ks, mask=km, other=0.0)
             mix = tl.sum(ys.to(tl.float32) * mw[:, None], 0)  # this K block of the routed latent
@@ -122,11 +120,9 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
             # The norm's 1/rms is one scalar per token: it scales the accumulator at the end.
             xg = to_dtype(mix * g.to(tl.float32), wt.dtype)
             xt = tl.where(ms[:, None] == 0, xg[None, :], tl.zeros_like(xg)[None, :])
-        elif EVEN_K:
-            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None], other=0.0)
-        else:
-            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None] & km[None, :], other=0.0)
-        acc = dot(xt, wt, acc, DOT_F32)
+            acc = dot(xt, wt, acc, DOT_F32)
+    else:
+        acc = skinny_k_rows(acc, x_rows, w_cols, mm, nm, K, k_first, k_end, stride_w, BLOCK_K, EVEN_K, DOT_F32)
     if MIX_K > 0:
         acc = acc * tl.rsqrt(tl.sum(sumsq, 0) / K + eps)
     if NSQ > 0:
@@ -138,7 +134,8 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
         acc = acc * tl.rsqrt(tl.sum(sq, 1) / K + eps)[:, None]
     out_mask = mm[:, None] & nm[None, :]
     if SPLIT_K > 1:
-        acc, last = _split_k_reduce(acc, ws, tickets, ms, ns, out_mask, N, BLOCK_M, SPLIT_K)
+        acc, last = split_k_reduce(acc, ws, tickets, tl.program_id(1), tl.program_id(0), ms, ns, out_mask, N,
+                                   BLOCK_M, SPLIT_K)
         out_mask = out_mask & last  # only the column block's last arrival stores
     tl.store(out + ms.to(tl.int64)[:, None] * stride_out + ns[None, :],
              to_dtype(acc, out.dtype.element_ty), mask=out_mask)
@@ -147,17 +144,39 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
 
 
 @triton.jit
-def _split_k_reduce(acc, ws, tickets, ms, ns, mask, N, BLOCK_M: tl.constexpr, SPLIT_K: tl.constexpr):
-    """Stores this program's fp32 partial; returns (the sum of the column block's SPLIT_K
-    partials in split order, whether this program arrived last and holds it). The CTA
-    barrier orders every thread's partial stores before the single-thread acq_rel ticket;
-    the barrier after it orders the last arrival's reads after every other program's
-    release. The last arrival resets the ticket: the next launch takes tickets only after
-    its PDL wait, when this grid has completed."""
-    part = ws + (tl.program_id(1) * BLOCK_M + ms)[:, None] * N + ns[None, :]
+def skinny_k_rows(acc, x_rows, w_cols, mm, nm, K, k_first, k_end, stride_w, BLOCK_K: tl.constexpr,
+                  EVEN_K: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc + x[:, k_first:k_end] @ w[k_first:k_end, cols]: the skinny GEMM's K stream
+    (`x_rows`: the token rows' pointers [BLOCK_M, 1], `w_cols`: the columns' [1, BLOCK_N])."""
+    kr = tl.arange(0, BLOCK_K)
+    for k0 in range(k_first, k_end, BLOCK_K):
+        ks = k0 + kr
+        if EVEN_K:
+            wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=nm[None, :], other=0.0)
+            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None], other=0.0)
+        else:
+            km = ks < K
+            wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=km[:, None] & nm[None, :],
+                         other=0.0)
+            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None] & km[None, :], other=0.0)
+        acc = dot(xt, wt, acc, DOT_F32)
+    return acc
+
+
+@triton.jit
+def split_k_reduce(acc, ws, tickets, split, block, ms, ns, mask, N, BLOCK_M: tl.constexpr,
+                   SPLIT_K: tl.constexpr):
+    """Stores this program's fp32 partial (split `split` of column block `block`; `N` the
+    partials' row pitch, `ns` absolute columns); returns (the sum of the column block's
+    SPLIT_K partials in split order, whether this program arrived last and holds it). The
+    CTA barrier orders every thread's partial stores before the single-thread acq_rel
+    ticket; the barrier after it orders the last arrival's reads after every other
+    program's release. The last arrival resets the ticket: the next launch takes tickets
+    only after its PDL wait, when this grid has completed."""
+    part = ws + (split * BLOCK_M + ms)[:, None] * N + ns[None, :]
     tl.store(part, acc, mask=mask)
     tl.debug_barrier()
-    ticket = tl.atomic_add(tickets + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+    ticket = tl.atomic_add(tickets + block, 1, sem="acq_rel", scope="gpu")
     tl.debug_barrier()
     last = ticket == SPLIT_K - 1
     total = tl.zeros_like(acc)
@@ -165,7 +184,7 @@ def _split_k_reduce(acc, ws, tickets, ms, ns, mask, N, BLOCK_M: tl.constexpr, SP
         for s in tl.static_range(SPLIT_K):
             total += tl.load(ws + (s * BLOCK_M + ms)[:, None] * N + ns[None, :], mask=mask, other=0.0,
                              cache_modifier=".cg")
-        tl.atomic_xchg(tickets + tl.program_id(0), 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(tickets + block, 0, sem="relaxed", scope="gpu")
     return total, last
 
 

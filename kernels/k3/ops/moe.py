@@ -19,6 +19,8 @@ programs per expert along N so all SMs stream.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -37,6 +39,7 @@ from kernels.k3.ops.common import (
     tanh,
     to_dtype,
 )
+from kernels.k3.ops.gemv import SPLIT_MAX, SplitK, skinny_k_rows, split_k_reduce
 from kernels.k3.ops.norm import MAX_N
 
 ID_BITS = 16  # expert ids < 65536 in the packed key
@@ -98,6 +101,17 @@ def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
     bv = tl.load(bias + es, mask=em, other=0.0).to(tl.float32)  # a weight: before the wait
     pdl_wait(USE_PDL)
     s = tl.sigmoid(tl.load(logits + b.to(tl.int64) * stride_l + es, mask=em, other=0.0).to(tl.float32))
+    _route_token(s, bv, es, em, b, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start, num_segs,
+                 E, K, KP, ALIGN)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+@triton.jit
+def _route_token(s, bv, es, em, b, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start, num_segs,
+                 E, K: tl.constexpr, KP: tl.constexpr, ALIGN: tl.constexpr):
+    """Token b's top-k of s + bias (s = sigmoid(logits) [BLOCK_E]), stored; with ALIGN also
+    moe_align's segments of it."""
     packed = tl.where(em, _packed_key(s + bv, es), -1)
     keys, vals, tot = _select_topk(packed, s, K, KP)
     _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K, KP)
@@ -113,8 +127,6 @@ def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
         tl.store(seg_start + kk, kk, mask=kk < K)
         tl.store(seg_start + K, K)
         tl.store(num_segs, K)
-    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
-    pdl_trigger(USE_PDL)
 
 
 @triton.jit
@@ -202,6 +214,117 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
            K=K, KP=KP, GS=group_size, num_warps=4)
     launch(moe_router_merge_kernel, (B,), scratch, topk_ids, topk_w, NG * K, float(scale),
            K=K, KP=KP, BLOCK_C=next_pow2(NG * K), num_warps=4, delay_ns=delay_ns)
+
+
+# --------------------------------------------------------------------------------------
+# The front GEMM with the router inside (variant router_in_front, one token)
+# --------------------------------------------------------------------------------------
+#: (block_n, block_k, num_warps, num_stages) and (router splits, rest splits): the rest's
+#: split-K config of bench_k3_ops.py's split sweep on the H200 (7168 x 5120 x 3: 20.0 us
+#: alone) but 8 warps (at 4 the top-k spills), the router columns split finer so that
+#: their programs end early.
+FRONT_ROUTER_CONFIG = (64, 128, 8, 4)
+FRONT_ROUTER_SPLITS = (8, 3)
+
+
+@triton.jit
+def moe_front_router_kernel(x, w, rest, logits, bias, topk_ids, topk_w, sorted_pairs, seg_expert,
+                            seg_start, num_segs, ws, tickets, done, K, N, E, stride_w, scale,
+                            k_per_r, k_per_f,
+                            NB_R: tl.constexpr, NB_F: tl.constexpr, S_R: tl.constexpr, S_F: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                            TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
+                            DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # Programs 0 .. NB_R*S_R-1 stream the router columns [0, E) (K split S_R ways: short
+    # programs, scheduled first, so they end while the rest still streams); the others
+    # the rest [E, N) (K split S_F ways). The last router program to complete its column
+    # block's logits, of all NB_R, routes: the top-k and the align run inside the GEMM,
+    # and the grouped GEMM after it waits for this one grid (no side stream, no join).
+    BLOCK_M: tl.constexpr = 16
+    pid = tl.program_id(0)
+    router = pid < NB_R * S_R
+    q = tl.where(router, pid, pid - NB_R * S_R)
+    nb = tl.where(router, NB_R, NB_F)
+    block = tl.where(router, q % nb, NB_R + q % nb)  # absolute column block (E % BLOCK_N == 0)
+    split = q // nb
+    k_first = split * tl.where(router, k_per_r, k_per_f)
+    k_end = tl.minimum(k_first + tl.where(router, k_per_r, k_per_f), K)
+    ns = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = ns < N
+    ms = tl.arange(0, BLOCK_M)
+    mm = ms < 1
+    mask = mm[:, None] & nm[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    pdl_wait(USE_PDL)  # x is the producer's output
+    acc = skinny_k_rows(acc, x + ms[:, None] * 0, w + ns[None, :], mm, nm, K, k_first, k_end, stride_w,
+                        BLOCK_K, EVEN_K, DOT_F32)
+    if router:
+        total, last = split_k_reduce(acc, ws, tickets, split, block, ms, ns, mask, N, BLOCK_M, S_R)
+        if last:
+            tl.store(logits + ms[:, None] * 0 + ns[None, :], to_dtype(total, logits.dtype.element_ty), mask=mask)
+            # The split-K ticket's pattern again, over the column blocks: the last one routes.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(done, 1, sem="acq_rel", scope="gpu")
+            tl.debug_barrier()
+            if arrived == NB_R - 1:
+                es = tl.arange(0, BLOCK_E)
+                em = es < E
+                bv = tl.load(bias + es, mask=em, other=0.0).to(tl.float32)
+                lg = tl.load(logits + es, mask=em, other=0.0, cache_modifier=".cg")
+                _route_token(tl.sigmoid(lg.to(tl.float32)), bv, es, em, 0, topk_ids, topk_w, scale,
+                             sorted_pairs, seg_expert, seg_start, num_segs, E, TOP_K, KP, True)
+                tl.atomic_xchg(done, 0, sem="relaxed", scope="gpu")
+    else:
+        if S_F > 1:
+            total, last = split_k_reduce(acc, ws, tickets, split, block, ms, ns, mask, N, BLOCK_M, S_F)
+            mask = mask & last
+        else:
+            total = acc
+        tl.store(rest + ms[:, None] * 0 + (ns - E)[None, :], to_dtype(total, rest.dtype.element_ty), mask=mask)
+    spin(DELAY_NS)
+    pdl_trigger(USE_PDL)
+
+
+def alloc_front_router_done(device) -> torch.Tensor:
+    """moe_front_router's arrival counter (int32, zero; each launch's last router program
+    resets it). One per stream of serialised launches."""
+    return torch.zeros(1, device=device, dtype=torch.int32)
+
+
+def moe_front_router(x: torch.Tensor, front: torch.Tensor, rest: torch.Tensor, logits: torch.Tensor,
+                     bias: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
+                     align: tuple[torch.Tensor, ...], split_k: SplitK, done: torch.Tensor, *,
+                     scale: float = 1.0, config: tuple[int, int, int, int] = FRONT_ROUTER_CONFIG,
+                     splits: tuple[int, int] = FRONT_ROUTER_SPLITS, delay_ns: int = 0) -> None:
+    """Variant router_in_front, one token: rest = x @ front[:, E:], logits = x @ front[:, :E]
+    (E = logits' width, the router columns first), then the single-pass router with the
+    align (router_align_fused) on those logits, in one launch. The logits' fp32 sums run
+    split over K (another order than one program's): near the GEMV's, not its bits; the
+    routing from them is what moe_router(logits, ..., align=align) gives (bit for bit)."""
+    B, K = x.shape
+    N = front.shape[1]
+    E = logits.shape[1]
+    TK = topk_ids.shape[1]
+    bn, bk, warps, stages = config
+    bn = math.gcd(bn, E)  # column blocks must not straddle the router's edge (small test E)
+    s_r, s_f = splits
+    assert B == 1 and front.shape[0] == K and front.stride(1) == 1 and x.stride(1) == 1
+    assert bn >= 16 and rest.shape == (1, N - E) and rest.stride(1) == 1 and logits.is_contiguous()
+    assert bias.shape == (E,) and topk_ids.shape == (1, TK) and topk_w.shape == (1, TK) and TK == next_pow2(TK)
+    assert topk_ids.dtype == torch.int32 and topk_w.dtype == torch.float32
+    assert len(align) == 4 and all(t.dtype == torch.int32 and t.is_contiguous() for t in align)
+    assert done.shape == (1,) and done.dtype == torch.int32
+    k_blocks = cdiv(K, bk)
+    k_per_r, k_per_f = (cdiv(k_blocks, s) * bk for s in (s_r, s_f))  # whole K blocks per split
+    s_r, s_f = cdiv(K, k_per_r), cdiv(K, k_per_f)
+    assert max(s_r, s_f) <= SPLIT_MAX and split_k.partials.numel() >= max(s_r, s_f) * 16 * N
+    nb_r, nb_f = E // bn, cdiv(N - E, bn)
+    assert split_k.tickets.numel() >= nb_r + nb_f
+    launch(moe_front_router_kernel, (nb_r * s_r + nb_f * s_f,), x, front, rest, logits, bias, topk_ids, topk_w,
+           *align, split_k.partials, split_k.tickets, done, K, N, E, front.stride(0), float(scale),
+           k_per_r, k_per_f, NB_R=nb_r, NB_F=nb_f, S_R=s_r, S_F=s_f, BLOCK_N=bn, BLOCK_K=bk,
+           EVEN_K=K % bk == 0, TOP_K=TK, KP=TK, BLOCK_E=next_pow2(E), DOT_F32=DOT_F32, num_warps=warps,
+           num_stages=stages, delay_ns=delay_ns)
 
 
 # --------------------------------------------------------------------------------------
