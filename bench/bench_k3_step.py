@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import sys
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
@@ -68,6 +69,22 @@ def bytes_read_per_step(model) -> dict[str, int]:
     return parts
 
 
+@contextmanager
+def front_router_config(spec: str):
+    """`BN,BK,WARPS,STAGES/SR,SF` (empty: the default): router_in_front's config and splits."""
+    from kernels.k3.ops import moe
+
+    saved = moe.FRONT_ROUTER_CONFIG, moe.FRONT_ROUTER_SPLITS
+    if spec:
+        cfg, splits = spec.split("/")
+        moe.FRONT_ROUTER_CONFIG = tuple(int(v) for v in cfg.split(","))
+        moe.FRONT_ROUTER_SPLITS = tuple(int(v) for v in splits.split(","))
+    try:
+        yield
+    finally:
+        moe.FRONT_ROUTER_CONFIG, moe.FRONT_ROUTER_SPLITS = saved
+
+
 def time_step(model, replays: int) -> float:
     from kernels.record_loop import capture, time_replays
 
@@ -86,7 +103,8 @@ def main() -> int:
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--json", default="")
     p.add_argument("--variants", nargs="+", default=["baseline"],
-                   help="builds to time side by side in this run (the floor uses each build's routing)")
+                   help="builds to time side by side in this run (the floor uses each build's routing); "
+                        "BUILD@front=BN,BK,WARPS,STAGES/SR,SF times router_in_front at that config and split")
     p.add_argument("--split-table", default="",
                    help="bench_k3_ops.py --split-sweep JSON: linear_split_k takes its splits from it "
                         "(the shapes where splitting won), to time a candidate table before it is committed")
@@ -106,9 +124,11 @@ def main() -> int:
     rows = []
     for batch in args.batches:
         for variant in args.variants:
-            model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=variant, delay_kernel="",
+            build, _, front = variant.partition("@front=")
+            model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build, delay_kernel="",
                                                 delay_ns=0, no_fork=False))
-            step_ms = time_step(model, args.replays)
+            with front_router_config(front):  # read when the graph is captured
+                step_ms = time_step(model, args.replays)
             parts = bytes_read_per_step(model)
             total = sum(parts.values())
             floor_ms = total / bw * 1e3

@@ -263,6 +263,10 @@ campaign13_test)  # router_in_front: its GPU tests, the head case and its sweep,
     | grep -v "^standalone"
   timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C22 $C20 $C22 \
     --json $OUT/step13.json 2>&1 | grep "B=" ;;
+campaign13_step)  # router_in_front at the sweep's best configs in the step, C20 interleaved
+  F4=@front=64,128,4,4/8,2; F8=@front=64,128,8,4/8,2
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C20 $C22$F4 $C22$F8 $C20 $C22$F4 $C22$F8 --json $OUT/step13b.json 2>&1 | grep "B=" ;;
 campaign13_rec)  # C22 recorded at full depth (2 runs)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

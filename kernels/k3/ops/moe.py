@@ -294,8 +294,8 @@ def alloc_front_router_done(device) -> torch.Tensor:
 def moe_front_router(x: torch.Tensor, front: torch.Tensor, rest: torch.Tensor, logits: torch.Tensor,
                      bias: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
                      align: tuple[torch.Tensor, ...], split_k: SplitK, done: torch.Tensor, *,
-                     scale: float = 1.0, config: tuple[int, int, int, int] = FRONT_ROUTER_CONFIG,
-                     splits: tuple[int, int] = FRONT_ROUTER_SPLITS, delay_ns: int = 0) -> None:
+                     scale: float = 1.0, config: tuple[int, int, int, int] | None = None,
+                     splits: tuple[int, int] | None = None, delay_ns: int = 0) -> None:
     """Variant router_in_front, one token: rest = x @ front[:, E:], logits = x @ front[:, :E]
     (E = logits' width, the router columns first), then the single-pass router with the
     align (router_align_fused) on those logits, in one launch. The logits' fp32 sums run
@@ -305,9 +305,10 @@ def moe_front_router(x: torch.Tensor, front: torch.Tensor, rest: torch.Tensor, l
     N = front.shape[1]
     E = logits.shape[1]
     TK = topk_ids.shape[1]
-    bn, bk, warps, stages = config
+    # Looked up at the call, not bound at import: bench_k3_step.py times candidates in the step.
+    bn, bk, warps, stages = config or FRONT_ROUTER_CONFIG
     bn = math.gcd(bn, E)  # column blocks must not straddle the router's edge (small test E)
-    s_r, s_f = splits
+    s_r, s_f = splits or FRONT_ROUTER_SPLITS
     assert B == 1 and front.shape[0] == K and front.stride(1) == 1 and x.stride(1) == 1
     assert bn >= 16 and rest.shape == (1, N - E) and rest.stride(1) == 1 and logits.is_contiguous()
     assert bias.shape == (E,) and topk_ids.shape == (1, TK) and topk_w.shape == (1, TK) and TK == next_pow2(TK)
