@@ -528,7 +528,7 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "kda_conv_fused": (69, "conv -> kda_step", "kda_conv_fused"),
            "moe_sum_norm_fused": (92, "weighted sum -> norm -> up", "moe_sum_norm_fused"),
            "mla_proj_merged": (24, "q_a, kv_a, g_proj", "mla_proj_merged"),
-           "router_in_front": (92, "c20 head", "router_in_front (64, 128, 8, 4) x(8, 3) (default)")}
+           "router_in_front": (92, "c20 head", "router_in_front (64, 128, 4, 4) x(8, 2) (default)")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",

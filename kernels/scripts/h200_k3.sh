@@ -264,11 +264,15 @@ campaign13_test)  # router_in_front: its GPU tests, the head case and its sweep,
   timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C22 $C20 $C22 \
     --json $OUT/step13.json 2>&1 | grep "B=" ;;
 campaign13_step)  # router_in_front at the sweep's best configs in the step, C20 interleaved
-  F4=@front=64,128,4,4/8,2; F8=@front=64,128,8,4/8,2
+  F4=@front=64,128,4,4/8,2; F8=@front=64,128,8,4/8,2  # (campaign13_test: the sweep)
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
     --variants $C20 $C22$F4 $C22$F8 $C20 $C22$F4 $C22$F8 --json $OUT/step13b.json 2>&1 | grep "B=" ;;
-campaign13_rec)  # C22 recorded at full depth (2 runs)
+campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
+    -k "front_router or matches_reference or kernel_nodes" 2>&1 | tee $OUT/gpu13b.log | tail -1
+  timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C22 $C20 $C22 \
+    --json $OUT/step13c.json 2>&1 | grep "B="
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
   for r in a b; do rec k3_full_c22_$r --steps 40 --variant $C22; done
   pack k3_c22 ;;

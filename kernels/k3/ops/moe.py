@@ -219,12 +219,12 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
 # --------------------------------------------------------------------------------------
 # The front GEMM with the router inside (variant router_in_front, one token)
 # --------------------------------------------------------------------------------------
-#: (block_n, block_k, num_warps, num_stages) and (router splits, rest splits): the rest's
-#: split-K config of bench_k3_ops.py's split sweep on the H200 (7168 x 5120 x 3: 20.0 us
-#: alone) but 8 warps (at 4 the top-k spills), the router columns split finer so that
-#: their programs end early.
-FRONT_ROUTER_CONFIG = (64, 128, 8, 4)
-FRONT_ROUTER_SPLITS = (8, 3)
+#: (block_n, block_k, num_warps, num_stages) and (router splits, rest splits): the best of
+#: bench_k3_ops.py's router_in_front sweep on the H200 (24.1 us against 27.0 for c20's
+#: forked head, alone), which was also the faster of the two best in the step (8 warps:
+#: +0.35 ms). The router columns split finer than the rest, so their programs end early.
+FRONT_ROUTER_CONFIG = (64, 128, 4, 4)
+FRONT_ROUTER_SPLITS = (8, 2)
 
 
 @triton.jit
@@ -258,6 +258,7 @@ def moe_front_router_kernel(x, w, rest, logits, bias, topk_ids, topk_w, sorted_p
     pdl_wait(USE_PDL)  # x is the producer's output
     acc = skinny_k_rows(acc, x + ms[:, None] * 0, w + ns[None, :], mm, nm, K, k_first, k_end, stride_w,
                         BLOCK_K, EVEN_K, DOT_F32)
+    routes = pid < 0
     if router:
         total, last = split_k_reduce(acc, ws, tickets, split, block, ms, ns, mask, N, BLOCK_M, S_R)
         if last:
@@ -266,14 +267,7 @@ def moe_front_router_kernel(x, w, rest, logits, bias, topk_ids, topk_w, sorted_p
             tl.debug_barrier()
             arrived = tl.atomic_add(done, 1, sem="acq_rel", scope="gpu")
             tl.debug_barrier()
-            if arrived == NB_R - 1:
-                es = tl.arange(0, BLOCK_E)
-                em = es < E
-                bv = tl.load(bias + es, mask=em, other=0.0).to(tl.float32)
-                lg = tl.load(logits + es, mask=em, other=0.0, cache_modifier=".cg")
-                _route_token(tl.sigmoid(lg.to(tl.float32)), bv, es, em, 0, topk_ids, topk_w, scale,
-                             sorted_pairs, seg_expert, seg_start, num_segs, E, TOP_K, KP, True)
-                tl.atomic_xchg(done, 0, sem="relaxed", scope="gpu")
+            routes = arrived == NB_R - 1
     else:
         if S_F > 1:
             total, last = split_k_reduce(acc, ws, tickets, split, block, ms, ns, mask, N, BLOCK_M, S_F)
@@ -281,6 +275,14 @@ def moe_front_router_kernel(x, w, rest, logits, bias, topk_ids, topk_w, sorted_p
         else:
             total = acc
         tl.store(rest + ms[:, None] * 0 + (ns - E)[None, :], to_dtype(total, rest.dtype.element_ty), mask=mask)
+    if routes:
+        es = tl.arange(0, BLOCK_E)
+        em = es < E
+        bv = tl.load(bias + es, mask=em, other=0.0).to(tl.float32)
+        lg = tl.load(logits + es, mask=em, other=0.0, cache_modifier=".cg")
+        _route_token(tl.sigmoid(lg.to(tl.float32)), bv, es, em, 0, topk_ids, topk_w, scale,
+                     sorted_pairs, seg_expert, seg_start, num_segs, E, TOP_K, KP, True)
+        tl.atomic_xchg(done, 0, sem="relaxed", scope="gpu")
     spin(DELAY_NS)
     pdl_trigger(USE_PDL)
 
