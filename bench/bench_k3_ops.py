@@ -95,8 +95,8 @@ def router_head(B: int, calls: int) -> dict[str, float]:
 
 
 #: router_in_front's sweep: (config, (router splits, rest splits)).
-FRONT_ROUTER_SWEEP = [(c, sp) for c in ((64, 128, 8, 4), (64, 128, 4, 4), (64, 256, 8, 3), (32, 128, 4, 4))
-                      for sp in ((8, 3), (8, 2), (4, 3), (8, 4), (6, 3))]
+FRONT_ROUTER_SWEEP = [(c, sp) for c in ((64, 128, 4, 4), (64, 128, 8, 4), (64, 256, 8, 3))
+                      for sp in ((8, 2), (16, 2), (16, 3), (12, 2), (8, 3))]
 
 
 def front_router(B: int, calls: int) -> dict[str, float]:
