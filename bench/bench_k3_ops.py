@@ -105,7 +105,7 @@ def front_router(B: int, calls: int) -> dict[str, float]:
     front on main, joined) against router_in_front (one launch), over its sweep; the front's
     rest alone for reference."""
     from kernels.k3.ops.gemv import alloc_split_k, gemv, skinny_mm
-    from kernels.k3.ops.moe import (FRONT_ROUTER_CONFIG, FRONT_ROUTER_SPLITS, alloc_front_router_scratch,
+    from kernels.k3.ops.moe import (FRONT_ROUTER_CONFIG, FRONT_ROUTER_SPLITS, alloc_front_router_done,
                                     moe_front_router, moe_router)
     from kernels.streams import fork, join
 
@@ -122,7 +122,7 @@ def front_router(B: int, calls: int) -> dict[str, float]:
     ids, wts = torch.empty(1, K, device="cuda", dtype=I32), torch.empty(1, K, device="cuda", dtype=F32)
     seg = (torch.empty(K, device="cuda", dtype=I32), torch.empty(K, device="cuda", dtype=I32),
            torch.empty(K + 1, device="cuda", dtype=I32), torch.empty(1, device="cuda", dtype=I32))
-    buf, scratch = alloc_split_k(H, "cuda"), alloc_front_router_scratch(E, "cuda")
+    buf, done = alloc_split_k(H, "cuda"), alloc_front_router_done("cuda")
     s2 = torch.cuda.Stream()
 
     def forked(i):
@@ -138,7 +138,7 @@ def front_router(B: int, calls: int) -> dict[str, float]:
            "c20 head: [router GEMV -> router+align] || rest of front": per_call_us(forked, calls)}
     for cfg, sp in FRONT_ROUTER_SWEEP:
         us = _try_us(lambda i, c=cfg, s=sp: moe_front_router(x, front[i % copies], rest, logits, bias, ids, wts,
-                                                             seg, buf, scratch, config=c, splits=s), calls)
+                                                             seg, buf, done, config=c, splits=s), calls)
         tag = " (default)" if (cfg, sp) == (FRONT_ROUTER_CONFIG, FRONT_ROUTER_SPLITS) else ""
         res[f"router_in_front {cfg} x{sp}{tag}"] = us
     return res

@@ -46,7 +46,7 @@ from kernels.k3.ops.common import early_trigger
 from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
 from kernels.k3.ops.mla import gate_mul, mla_cache_insert, mla_decode_combine, mla_decode_fmha, mla_q_concat
 from kernels.k3.ops.moe import (
-    alloc_front_router_scratch,
+    alloc_front_router_done,
     moe_align,
     moe_front_router,
     moe_grouped_gemm,
@@ -251,7 +251,7 @@ class K3Decode:
                          for label in (P.MAIN, P.AUX1, P.AUX2)} if splits else {}
         if P.router_in_front(cfg, variant):  # the front's own split-K buffers: main's
             self._split_k.setdefault(P.MAIN, alloc_split_k(max(cfg.hidden, cfg.front_width), self.device))
-            self.front_router = alloc_front_router_scratch(cfg.experts, self.device)
+            self.front_router_done = alloc_front_router_done(self.device)
         self.attn_res_scores = alloc_attn_res_scores(self.bank)
         self.attn_res_counter = alloc_attn_res_counter(self.device)  # attn_res_fused's barrier
         # Plan cursor (see _expect).
@@ -668,7 +668,7 @@ class K3Decode:
             if in_front:
                 self._triton(P.FRONT, moe_front_router, s.x, w.front, s.front_rest, s.router_logits,
                              w.router_bias, s.topk_ids[l], s.topk_w[l], seg, self._split_k[P.MAIN],
-                             self.front_router, scale=cfg.routed_scale)
+                             self.front_router_done, scale=cfg.routed_scale)
             elif P.router_forks(cfg, v):
                 router = self._fork(P.AUX2)
                 with self._on(router):

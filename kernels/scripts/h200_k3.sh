@@ -267,18 +267,6 @@ campaign13_step)  # router_in_front at the sweep's best configs in the step, C20
   F4=@front=64,128,4,4/8,2; F8=@front=64,128,8,4/8,2  # (campaign13_test: the sweep)
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
     --variants $C20 $C22$F4 $C22$F8 $C20 $C22$F4 $C22$F8 --json $OUT/step13b.json 2>&1 | grep "B=" ;;
-campaign14)  # router_in_front with the ranked top-k: probe stamps, GPU tests, its case, C20 / C22, recorded
-  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
-  [ -f probe/probe_front_router.py ] && timeout 100 python3 probe/probe_front_router.py 2>&1 | tail -12
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
-    -k "front_router or matches_reference or kernel_nodes" 2>&1 | tee $OUT/gpu14.log | tail -1
-  timeout 100 python3 bench/bench_k3_ops.py --batch 1 --cases router_in_front --json $OUT/ops14_b1.json 2>&1 \
-    | grep -v "^standalone"
-  timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C22 $C20 $C22 \
-    $C22@front=64,128,4,4/16,2 --json $OUT/step14.json 2>&1 | grep "B="
-  mkdir -p /tmp/rec && rm -f /tmp/rec/*
-  for r in a b; do rec k3_full_c22_$r --steps 40 --variant $C22; done
-  pack k3_c22r ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \

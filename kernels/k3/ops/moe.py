@@ -20,7 +20,6 @@ programs per expert along N so all SMs stream.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -111,18 +110,10 @@ def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
 @triton.jit
 def _route_token(s, bv, es, em, b, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start, num_segs,
                  E, K: tl.constexpr, KP: tl.constexpr, ALIGN: tl.constexpr):
-    """Token b's top-k of s + bias (s = sigmoid(logits) [BLOCK_E]), stored (_store_route)."""
+    """Token b's top-k of s + bias (s = sigmoid(logits) [BLOCK_E]), stored; with ALIGN also
+    moe_align's segments of it."""
     packed = tl.where(em, _packed_key(s + bv, es), -1)
     keys, vals, tot = _select_topk(packed, s, K, KP)
-    _store_route(keys, vals, tot, b, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start, num_segs,
-                 E, K, KP, ALIGN)
-
-
-@triton.jit
-def _store_route(keys, vals, tot, b, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start, num_segs,
-                 E, K: tl.constexpr, KP: tl.constexpr, ALIGN: tl.constexpr):
-    """Token b's selection (packed keys and scores in selection order, their sum) stored; with
-    ALIGN also moe_align's segments of it."""
     _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K, KP)
     if ALIGN:
         # Variant router_align_fused (one token): its K experts are distinct, so moe_align's
@@ -234,23 +225,21 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
 #: +0.35 ms). The router columns split finer than the rest, so their programs end early.
 FRONT_ROUTER_CONFIG = (64, 128, 4, 4)
 FRONT_ROUTER_SPLITS = (8, 2)
-RANK_CHUNK = 8  # candidates compared per step of the ranking (sm_90: 96 registers; 16: 128, 32: 198)
 
 
 @triton.jit
 def moe_front_router_kernel(x, w, rest, logits, bias, topk_ids, topk_w, sorted_pairs, seg_expert,
-                            seg_start, num_segs, ws, tickets, done, cand_keys, cand_s, K, N, E, stride_w,
-                            scale, k_per_r, k_per_f,
+                            seg_start, num_segs, ws, tickets, done, K, N, E, stride_w, scale,
+                            k_per_r, k_per_f,
                             NB_R: tl.constexpr, NB_F: tl.constexpr, S_R: tl.constexpr, S_F: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                            TOP_K: tl.constexpr, BLOCK_C: tl.constexpr, RANK_CHUNK: tl.constexpr,
+                            TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
                             DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # Programs 0 .. NB_R*S_R-1 stream the router columns [0, E) (K split S_R ways: short
     # programs, scheduled first, so they end while the rest still streams); the others
-    # the rest [E, N) (K split S_F ways). The program that completes a router column
-    # block's logits keeps its block's top-k candidates (by rank: no rounds of argmax);
-    # the last of the NB_R ranks their union and routes, with the align. The grouped GEMM
-    # after it waits for this one grid (no side stream, no join).
+    # the rest [E, N) (K split S_F ways). The last router program to complete its column
+    # block's logits, of all NB_R, routes: the top-k and the align run inside the GEMM,
+    # and the grouped GEMM after it waits for this one grid (no side stream, no join).
     BLOCK_M: tl.constexpr = 16
     pid = tl.program_id(0)
     router = pid < NB_R * S_R
@@ -273,15 +262,7 @@ def moe_front_router_kernel(x, w, rest, logits, bias, topk_ids, topk_w, sorted_p
     if router:
         total, last = split_k_reduce(acc, ws, tickets, split, block, ms, ns, mask, N, BLOCK_M, S_R)
         if last:
-            lg = to_dtype(total, logits.dtype.element_ty)
-            tl.store(logits + ms[:, None] * 0 + ns[None, :], lg, mask=mask)
-            # The router's s from the stored bf16 logits (moe_router's), token 0's row.
-            sc = tl.sigmoid(tl.sum(tl.where(mask, lg.to(tl.float32), 0.0), axis=0))
-            pk = _packed_key(sc + tl.load(bias + ns, mask=nm, other=0.0), ns)
-            # The global top-k is inside the union of the blocks' top-k (one total order).
-            rank = tl.sum((pk[None, :] > pk[:, None]).to(tl.int32), axis=1)
-            tl.store(cand_keys + block * TOP_K + rank, pk, mask=rank < TOP_K)
-            tl.store(cand_s + block * TOP_K + rank, sc, mask=rank < TOP_K)
+            tl.store(logits + ms[:, None] * 0 + ns[None, :], to_dtype(total, logits.dtype.element_ty), mask=mask)
             # The split-K ticket's pattern again, over the column blocks: the last one routes.
             tl.debug_barrier()
             arrived = tl.atomic_add(done, 1, sem="acq_rel", scope="gpu")
@@ -295,56 +276,33 @@ def moe_front_router_kernel(x, w, rest, logits, bias, topk_ids, topk_w, sorted_p
             total = acc
         tl.store(rest + ms[:, None] * 0 + (ns - E)[None, :], to_dtype(total, rest.dtype.element_ty), mask=mask)
     if routes:
-        NC: tl.constexpr = NB_R * TOP_K
-        cs = tl.arange(0, BLOCK_C)
-        ck = tl.load(cand_keys + cs, mask=cs < NC, other=-1, cache_modifier=".cg")
-        cv = tl.load(cand_s + cs, mask=cs < NC, other=0.0, cache_modifier=".cg")
-        rank = tl.zeros([BLOCK_C], dtype=tl.int32)  # padding (-1) ranks below every candidate
-        for j0 in tl.static_range(0, BLOCK_C, RANK_CHUNK):  # [BLOCK_C, RANK_CHUNK] at a time
-            js = j0 + tl.arange(0, RANK_CHUNK)
-            kj = tl.load(cand_keys + js, mask=js < NC, other=-1, cache_modifier=".cg")
-            rank += tl.sum((kj[None, :] > ck[:, None]).to(tl.int32), axis=1)
-        kk = tl.arange(0, TOP_K)
-        hit = rank[None, :] == kk[:, None]  # [TOP_K, BLOCK_C]: row k holds the candidate of rank k
-        keys = tl.sum(tl.where(hit, ck[None, :], 0), axis=1)
-        vals = tl.sum(tl.where(hit, cv[None, :], 0.0), axis=1)
-        tot = tl.zeros([], dtype=tl.float32)
-        for i in tl.static_range(TOP_K):  # in selection order, as moe_router sums (its bits)
-            tot += tl.sum(tl.where(kk == i, vals, 0.0), axis=0)
-        _store_route(keys, vals, tot, 0, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start,
-                     num_segs, E, TOP_K, TOP_K, True)
+        es = tl.arange(0, BLOCK_E)
+        em = es < E
+        bv = tl.load(bias + es, mask=em, other=0.0).to(tl.float32)
+        lg = tl.load(logits + es, mask=em, other=0.0, cache_modifier=".cg")
+        _route_token(tl.sigmoid(lg.to(tl.float32)), bv, es, em, 0, topk_ids, topk_w, scale,
+                     sorted_pairs, seg_expert, seg_start, num_segs, E, TOP_K, KP, True)
         tl.atomic_xchg(done, 0, sem="relaxed", scope="gpu")
     spin(DELAY_NS)
     pdl_trigger(USE_PDL)
 
 
-@dataclass(frozen=True)
-class FrontRouterScratch:
-    """moe_front_router's own scratch, one per stream of serialised launches: the router
-    column blocks' arrival counter (each launch's routing program resets it) and their
-    top-k candidates (packed keys, scores)."""
-    done: torch.Tensor       # int32 [1], zero
-    cand_keys: torch.Tensor  # int64 [experts]
-    cand_s: torch.Tensor     # fp32 [experts]
-
-
-def alloc_front_router_scratch(num_experts: int, device) -> FrontRouterScratch:
-    return FrontRouterScratch(torch.zeros(1, device=device, dtype=torch.int32),
-                              torch.empty(num_experts, device=device, dtype=torch.int64),
-                              torch.empty(num_experts, device=device, dtype=torch.float32))
+def alloc_front_router_done(device) -> torch.Tensor:
+    """moe_front_router's arrival counter (int32, zero; each launch's last router program
+    resets it). One per stream of serialised launches."""
+    return torch.zeros(1, device=device, dtype=torch.int32)
 
 
 def moe_front_router(x: torch.Tensor, front: torch.Tensor, rest: torch.Tensor, logits: torch.Tensor,
                      bias: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
-                     align: tuple[torch.Tensor, ...], split_k: SplitK, scratch: FrontRouterScratch, *,
+                     align: tuple[torch.Tensor, ...], split_k: SplitK, done: torch.Tensor, *,
                      scale: float = 1.0, config: tuple[int, int, int, int] | None = None,
                      splits: tuple[int, int] | None = None, delay_ns: int = 0) -> None:
     """Variant router_in_front, one token: rest = x @ front[:, E:], logits = x @ front[:, :E]
     (E = logits' width, the router columns first), then the single-pass router with the
     align (router_align_fused) on those logits, in one launch. The logits' fp32 sums run
     split over K (another order than one program's): near the GEMV's, not its bits; the
-    routing from them is what moe_router(logits, ..., align=align) gives, bit for bit (the
-    same keys, order and sum, found by ranking instead of rounds of argmax)."""
+    routing from them is what moe_router(logits, ..., align=align) gives (bit for bit)."""
     B, K = x.shape
     N = front.shape[1]
     E = logits.shape[1]
@@ -358,19 +316,18 @@ def moe_front_router(x: torch.Tensor, front: torch.Tensor, rest: torch.Tensor, l
     assert bias.shape == (E,) and topk_ids.shape == (1, TK) and topk_w.shape == (1, TK) and TK == next_pow2(TK)
     assert topk_ids.dtype == torch.int32 and topk_w.dtype == torch.float32
     assert len(align) == 4 and all(t.dtype == torch.int32 and t.is_contiguous() for t in align)
-    assert bn >= TK and scratch.cand_keys.numel() >= E // bn * TK and scratch.cand_s.numel() >= E // bn * TK
+    assert done.shape == (1,) and done.dtype == torch.int32
     k_blocks = cdiv(K, bk)
     k_per_r, k_per_f = (cdiv(k_blocks, s) * bk for s in (s_r, s_f))  # whole K blocks per split
     s_r, s_f = cdiv(K, k_per_r), cdiv(K, k_per_f)
     assert max(s_r, s_f) <= SPLIT_MAX and split_k.partials.numel() >= max(s_r, s_f) * 16 * N
     nb_r, nb_f = E // bn, cdiv(N - E, bn)
     assert split_k.tickets.numel() >= nb_r + nb_f
-    block_c = next_pow2(nb_r * TK)  # the candidates the routing program ranks
     launch(moe_front_router_kernel, (nb_r * s_r + nb_f * s_f,), x, front, rest, logits, bias, topk_ids, topk_w,
-           *align, split_k.partials, split_k.tickets, scratch.done, scratch.cand_keys, scratch.cand_s, K, N, E,
-           front.stride(0), float(scale), k_per_r, k_per_f, NB_R=nb_r, NB_F=nb_f, S_R=s_r, S_F=s_f, BLOCK_N=bn,
-           BLOCK_K=bk, EVEN_K=K % bk == 0, TOP_K=TK, BLOCK_C=block_c, RANK_CHUNK=min(RANK_CHUNK, block_c),
-           DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           *align, split_k.partials, split_k.tickets, done, K, N, E, front.stride(0), float(scale),
+           k_per_r, k_per_f, NB_R=nb_r, NB_F=nb_f, S_R=s_r, S_F=s_f, BLOCK_N=bn, BLOCK_K=bk,
+           EVEN_K=K % bk == 0, TOP_K=TK, KP=TK, BLOCK_E=next_pow2(E), DOT_F32=DOT_F32, num_warps=warps,
+           num_stages=stages, delay_ns=delay_ns)
 
 
 # --------------------------------------------------------------------------------------
