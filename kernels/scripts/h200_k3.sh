@@ -267,6 +267,10 @@ campaign13_step)  # router_in_front at the sweep's best configs in the step, C20
   F4=@front=64,128,4,4/8,2; F8=@front=64,128,8,4/8,2  # (campaign13_test: the sweep)
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
     --variants $C20 $C22$F4 $C22$F8 $C20 $C22$F4 $C22$F8 --json $OUT/step13b.json 2>&1 | grep "B=" ;;
+campaign15)  # router_in_front (argmax rounds again; the ranked top-k of c3603d5, campaign14, was slower):
+  # the router columns split 16 ways against 8, C20 interleaved
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C22 $C22@front=64,128,4,4/16,2 \
+    $C20 $C22 $C22@front=64,128,4,4/16,2 --json $OUT/step15.json 2>&1 | grep "B=" ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \

@@ -207,7 +207,7 @@ SKINNY_SPLITS: dict[tuple[int, int], tuple[tuple[int, int, int, int], int]] = {
     (7168, 3648): ((64, 128, 4, 4), 4),   # mla_proj_merged   18.0 -> 15.4 us
     # qkvg (7168, 6144) and up (3584, 7168) were slower split (23.4 against 22.7 us, 15.2 against 14.2)
 }
-SPLIT_MAX = 8
+SPLIT_MAX = 16  # router_in_front splits its router columns up to 16 ways
 #: Variant triton_mla_proj: the MLA's narrow GEMMs, always split (q_a / g_proj from the split
 #: sweep, 21.3 -> 9.0 us against cuBLAS's 10.7; kv_a and q_b by the same rule, not swept).
 MLA_SPLITS: dict[tuple[int, int], tuple[tuple[int, int, int, int], int]] = {
