@@ -84,7 +84,7 @@ table = pl.DataFrame([{
     "own_edits_us": r["own_edits_us"],
     "elsewhere_us": r["elsewhere_us"],
     "largest_elsewhere": f"{r['elsewhere_top'][0][0]} ({r['elsewhere_top'][0][1]}) {r['elsewhere_top'][0][2]:+.0f}",
-} for r in [*full["diff_rows"], *full["round3"]["table"], *full["round4"]["table"]]])
+} for r in [*full["diff_rows"], *(r for key in ("round3", "round4", "round5") for r in full[key]["table"])]])
 table
 
 # %%
