@@ -48,6 +48,35 @@ def per_call_us(fn, calls: int, replays: int = 20) -> float:
     return statistics.median(times[2:])
 
 
+def single_call_us(fn, copies: int, replays: int = 40) -> float:
+    """Median time of one `fn(i)` alone: one graph per weight copy i, replayed in rotation
+    with events around each replay. Back to back (per_call_us) a call's serial tail hides
+    under the next call's start; this is what a kernel on the step's critical path pays
+    (plus the launch, alike for every form)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compile, cuBLAS workspaces
+        for i in range(min(2, copies)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graphs = []
+    for i in range(copies):  # no replay finds its weights in L2
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(i)
+        graphs.append(graph)
+    times = []
+    for it in range(replays + 4):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graphs[it % copies].replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times[4:])
+
+
 def router_head(B: int, calls: int) -> dict[str, float]:
     """MoE front: baseline = front GEMM, then top-k and align after it on main; router_fork
     = router GEMV + top-k + align on a side stream beside the rest of the front GEMM."""
@@ -404,12 +433,13 @@ SKINNY_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64, 128) for bk in (128, 256)
                 for st in (4, 6, 8)]
 
 
-def _try_us(fn, calls: int) -> float:
-    """per_call_us, or inf for a config the GPU cannot hold (shared memory)."""
+def _try_us(fn, calls: int, copies: int = 0) -> float:
+    """per_call_us (copies = 0) or single_call_us over `copies` weight copies, or inf for a
+    config the GPU cannot hold (shared memory)."""
     from triton.runtime.errors import OutOfResources
 
     try:
-        return per_call_us(fn, calls)
+        return single_call_us(fn, copies) if copies else per_call_us(fn, calls)
     except OutOfResources:
         torch.cuda.synchronize()
         return float("inf")
@@ -430,21 +460,28 @@ def _linear_shapes(B: int, only: tuple[str, ...]):
         torch.cuda.empty_cache()
 
 
-def linear_sweep(B: int, calls: int, only: tuple[str, ...] = ()) -> dict[str, dict]:
-    """torch.mm (cuBLAS) against the skinny Triton GEMM over its config sweep, per shape."""
-    from kernels.k3.ops.gemv import skinny_mm
+def linear_sweep(B: int, calls: int, only: tuple[str, ...] = (), latency: bool = False) -> dict[str, dict]:
+    """torch.mm (cuBLAS) against the skinny Triton GEMM over its config sweep, per shape;
+    `latency`: each form timed one call at a time (single_call_us), not back to back, with
+    the config the table holds now beside the best."""
+    from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, skinny_mm
 
     res = {}
     for name, K, N, layers, x, ws, n, out in _linear_shapes(B, only):
-        cublas = per_call_us(lambda i: torch.mm(x, ws[i % n], out=out), calls)
+        copies = n if latency else 0
+        cublas = _try_us(lambda i: torch.mm(x, ws[i % n], out=out), calls, copies)
         best = None
         for cfg in SKINNY_SWEEP:
-            us = _try_us(lambda i, c=cfg: skinny_mm(x, ws[i % n], out, config=c), calls)
+            us = _try_us(lambda i, c=cfg: skinny_mm(x, ws[i % n], out, config=c), calls, copies)
             if best is None or us < best[1]:
                 best = (cfg, us)
         tb = K * N * 2 / (best[1] * 1e-6) / 1e12
         res[name] = {"K": K, "N": N, "layers": layers, "cublas_us": cublas, "best_config": best[0],
                      "skinny_us": best[1], "skinny_tb_s": tb, "cublas_tb_s": K * N * 2 / (cublas * 1e-6) / 1e12}
+        if latency:
+            now = SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
+            res[name].update(table_config=now, table_us=_try_us(
+                lambda i: skinny_mm(x, ws[i % n], out, config=now), calls, copies))
     return res
 
 
@@ -541,6 +578,8 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--json", default="")
     p.add_argument("--sweep", action="store_true", help="also sweep the dense and grouped GEMM configs")
+    p.add_argument("--latency", action="store_true",
+                   help="the dense sweep times one call at a time (what the step's critical path pays)")
     p.add_argument("--sweep-shapes", nargs="*", default=(),
                    help="sweep only the dense shapes whose name contains one of these (no grouped sweep)")
     p.add_argument("--cases", nargs="*", default=None, help="run only these standalone cases (none: no case)")
@@ -563,11 +602,13 @@ def main() -> int:
             print(f"    {k:64s} {v:8.2f} us")
     sweeps = {}
     if args.sweep or args.sweep_shapes:
-        sweeps["linear"] = linear_sweep(B, args.calls, tuple(args.sweep_shapes))
-        for name, r in sweeps["linear"].items():
+        key = "linear_latency" if args.latency else "linear"
+        sweeps[key] = linear_sweep(B, args.calls, tuple(args.sweep_shapes), latency=args.latency)
+        for name, r in sweeps[key].items():
             print(f"linear {name:30s} K={r['K']:5d} N={r['N']:5d}: cuBLAS {r['cublas_us']:7.2f} us "
                   f"({r['cublas_tb_s']:.2f} TB/s), skinny {r['skinny_us']:7.2f} us ({r['skinny_tb_s']:.2f} TB/s) "
-                  f"at {r['best_config']}; x{r['layers']} = {(r['cublas_us'] - r['skinny_us']) * r['layers'] / 1e3:+.3f} ms saved")
+                  f"at {r['best_config']}; x{r['layers']} = {(r['cublas_us'] - r['skinny_us']) * r['layers'] / 1e3:+.3f} ms saved"
+                  + (f"; the table's {r['table_config']} {r['table_us']:7.2f} us" if "table_us" in r else ""))
     if args.split_sweep is not None:
         sweeps["split"] = split_sweep(B, args.calls, tuple(args.split_sweep))
         for name, r in sweeps["split"].items():

@@ -70,6 +70,22 @@ def bytes_read_per_step(model) -> dict[str, int]:
 
 
 @contextmanager
+def skinny_configs(table: str):
+    """The skinny GEMM's configs from a bench_k3_ops.py --latency sweep (empty: the committed ones)."""
+    from kernels.k3.ops import gemv
+
+    saved = dict(gemv.SKINNY_CONFIGS)
+    if table:
+        for r in json.load(open(table))["sweeps"]["linear_latency"].values():
+            gemv.SKINNY_CONFIGS[(r["K"], r["N"])] = tuple(r["best_config"])
+    try:
+        yield
+    finally:
+        gemv.SKINNY_CONFIGS.clear()
+        gemv.SKINNY_CONFIGS.update(saved)
+
+
+@contextmanager
 def front_router_config(spec: str):
     """`BN,BK,WARPS,STAGES/SR,SF` (empty: the default): router_in_front's config and splits."""
     from kernels.k3.ops import moe
@@ -105,6 +121,9 @@ def main() -> int:
     p.add_argument("--variants", nargs="+", default=["baseline"],
                    help="builds to time side by side in this run (the floor uses each build's routing); "
                         "BUILD@front=BN,BK,WARPS,STAGES/SR,SF times router_in_front at that config and split")
+    p.add_argument("--skinny-table", default="",
+                   help="bench_k3_ops.py --latency sweep JSON: builds suffixed @skinny take its best unsplit "
+                        "skinny-GEMM configs (one call at a time), to time them in the step beside the committed table")
     p.add_argument("--split-table", default="",
                    help="bench_k3_ops.py --split-sweep JSON: linear_split_k takes its splits from it "
                         "(the shapes where splitting won), to time a candidate table before it is committed")
@@ -125,9 +144,10 @@ def main() -> int:
     for batch in args.batches:
         for variant in args.variants:
             build, _, front = variant.partition("@front=")
+            build, skinny, _ = build.partition("@skinny")
             model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build, delay_kernel="",
                                                 delay_ns=0, no_fork=False))
-            with front_router_config(front):  # read when the graph is captured
+            with front_router_config(front), skinny_configs(args.skinny_table if skinny else ""):  # read at capture
                 step_ms = time_step(model, args.replays)
             parts = bytes_read_per_step(model)
             total = sum(parts.values())

@@ -101,6 +101,7 @@ def single_call(d: dict) -> dict[str, float]:
     from kernels.k3.ops import moe
     from kernels.k3.ops.gemv import alloc_split_k, gemv, skinny_mm
     from kernels.streams import fork, join
+    from bench_k3_ops import single_call_us
 
     buf, done, s2 = alloc_split_k(H, "cuda"), moe.alloc_front_router_done("cuda"), torch.cuda.Stream()
     x, fronts, n = d["x"], d["fronts"], len(d["fronts"])
@@ -121,30 +122,7 @@ def single_call(d: dict) -> dict[str, float]:
              "c20 head: [router leg] || rest, joined": forked,
              "router_in_front (default)": lambda i: moe.moe_front_router(
                  x, fronts[i], d["rest"], d["logits"], d["bias"], d["ids"], d["wts"], d["seg"], buf, done)}
-    out = {}
-    for name, fn in forms.items():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(0), fn(1)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graphs = []
-        for i in range(n):  # one graph per weight copy: no replay finds its weights in L2
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn(i)
-            graphs.append(graph)
-        times = []
-        for it in range(40):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graphs[it % n].replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 1e3)
-        out[name] = statistics.median(times[4:])
-    return out
+    return {name: single_call_us(fn, n) for name, fn in forms.items()}
 
 
 def main() -> int:

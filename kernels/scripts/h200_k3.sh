@@ -276,6 +276,11 @@ campaign15_final)  # after the fifth round's last kernel change: the probe, ever
   timeout 60 python3 bench/probe_front_router.py 2>&1 | tee $OUT/probe15.log
   timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
     tests/kernels/test_k3_model.py 2>&1 | tee $OUT/gpu15_all.log | tail -4 ;;
+campaign16)  # the skinny GEMM's configs re-picked one call at a time (not back to back); C20 against C20 with them
+  timeout 300 python3 bench/bench_k3_ops.py --batch 1 --cases --latency --sweep-shapes rest qkvg "moe up" o_proj \
+    --json $OUT/ops16_b1.json 2>&1 | grep "^linear"
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --skinny-table $OUT/ops16_b1.json \
+    --variants $C20 $C20@skinny $C20 $C20@skinny --json $OUT/step16.json 2>&1 | grep "B=" ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
