@@ -40,6 +40,7 @@ from kernels.k3.ops.attn_res import (
     attn_res_fused,
     attn_res_combine,
     attn_res_score,
+    gemm_scores_shape,
     residual_add,
 )
 from kernels.k3.ops.common import early_trigger
@@ -57,7 +58,7 @@ from kernels.k3.ops.moe import (
     situ_mul,
     weighted_sum_chunks,
 )
-from kernels.k3.ops.gemv import alloc_split_k, gemv, skinny_mm, skinny_mm_mixnorm
+from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, alloc_split_k, gemv, skinny_mm, skinny_mm_mixnorm
 from kernels.k3.ops.norm import rmsnorm
 from kernels.k3.ops.prefetch import l2_prefetch_weight
 from kernels.k3.variants import BASELINE, Variant
@@ -253,6 +254,12 @@ class K3Decode:
             self._split_k.setdefault(P.MAIN, alloc_split_k(max(cfg.hidden, cfg.front_width), self.device))
             self.front_router_done = alloc_front_router_done(self.device)
         self.attn_res_scores = alloc_attn_res_scores(self.bank)
+        if P.score_in_o_proj(cfg, variant):  # one partial per o_proj column block
+            bn = SKINNY_CONFIGS.get((cfg.kda_width, cfg.hidden), SKINNY_DEFAULT)[0]
+            assert all(SKINNY_CONFIGS.get((k, cfg.hidden), SKINNY_DEFAULT)[0] == bn
+                       for k in (cfg.kda_width, cfg.mla_out_width))
+            self.gemm_scores = torch.empty(gemm_scores_shape(cfg.hidden, bn, cfg.bank_capacity),
+                                           device=self.device, dtype=torch.float32)
         self.attn_res_counter = alloc_attn_res_counter(self.device)  # attn_res_fused's barrier
         # Plan cursor (see _expect).
         self._seg_i = 0
@@ -534,6 +541,17 @@ class K3Decode:
         # partial row; any other layer's output is added in the pre-MLP segment.
         return self._partial(l) if self.cfg.opens_block(l) else self.s.attn_out
 
+    def _o_proj(self, l: int, a: torch.Tensor, w: torch.Tensor) -> None:
+        """The attention's output projection; under attn_res_in_o_proj its epilogue also does
+        the pre-MLP score's work (plan.score_in_o_proj)."""
+        out = self._attn_out(l)
+        if not P.score_in_o_proj(self.cfg, self.variant):
+            self._mm(P.O_PROJ, a, w, out)
+            return
+        n = self.cfg.bank_rows(l, "mlp")
+        gram = (self.bank, n, self.layers[l].pre_mlp.query, self.gemm_scores, not self.cfg.opens_block(l))
+        self._triton(P.O_PROJ, skinny_mm, a, w, out, gram=gram)
+
     def _attn_res(self, l: int, site: str, w: AttnResWeights) -> None:
         cfg, s = self.cfg, self.s
         n = cfg.bank_rows(l, site)
@@ -562,6 +580,10 @@ class K3Decode:
                              counter=self.attn_res_counter, sm_count=cfg.sm_count)
                 return
             v = self.variant
+            if site == "mlp" and P.score_in_o_proj(cfg, v):  # the o_proj scored and added (its epilogue)
+                self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.gemm_scores, w.gamma, s.x,
+                             eps=cfg.norm_eps, one_shot=True)
+                return
             self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
                          addend=addend, addend2=addend2, gram_dot=v.attn_res_dot,
                          early_rows=v.attn_res_early_rows, **self._prefetch(nxt))
@@ -591,7 +613,7 @@ class K3Decode:
 
                 self._cute(P.KDA_STEP, kda_step_cute, s.conv_out, s.fab, s.fb, w.A_log, w.dt_bias,
                            gate_in, w.state, self.slot_idx, w.norm_w, s.kda_out, eps=cfg.norm_eps)
-                self._mm(P.O_PROJ, s.kda_out, w.o_proj, self._attn_out(l))
+                self._o_proj(l, s.kda_out, w.o_proj)
                 self._all_reduce()
                 return
             self._triton(P.KDA_STEP, kda_step, s.qkvg if conv_fused else s.conv_out, s.fab, s.fb,
@@ -601,7 +623,7 @@ class K3Decode:
             if not fused:
                 self._triton(P.KDA_NORM, kda_gated_rmsnorm, s.kda_o, gate_in, w.norm_w,
                              s.kda_out, eps=cfg.norm_eps)
-            self._mm(P.O_PROJ, s.kda_out, w.o_proj, self._attn_out(l))
+            self._o_proj(l, s.kda_out, w.o_proj)
             self._all_reduce()
 
     def _mla(self, l: int, w: MLALayer) -> None:
@@ -649,7 +671,7 @@ class K3Decode:
                 self._join(gate)
             self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
                          s.mla_gated)
-            self._mm(P.O_PROJ, s.mla_gated, w.o_proj, self._attn_out(l))
+            self._o_proj(l, s.mla_gated, w.o_proj)
             self._all_reduce()
 
     def _moe(self, l: int, w: MoELayer) -> None:

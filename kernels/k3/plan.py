@@ -236,12 +236,26 @@ def attn_res_items(cfg: K3Config, v: Variant, layer: int, site: str) -> list[Ite
     # wrote the partial directly).
     if site == "mlp" and not cfg.opens_block(layer) and not v.residual_folded:
         items.append(_t(RESIDUAL_ADD, MAIN, "residual_add"))
-    if attn_res_fuses(cfg, v):
+    if site == "mlp" and score_in_o_proj(cfg, v):
+        items.append(_t(COMBINE, MAIN, "attn_res_combine"))  # the o_proj before it scored
+    elif attn_res_fuses(cfg, v):
         items.append(_t(SCORE_COMBINE, MAIN, "attn_res_fused"))
     else:
         items.append(_t(SCORE, MAIN, "attn_res_score"))
         items.append(_t(COMBINE, MAIN, "attn_res_combine"))
     return items
+
+
+def score_in_o_proj(cfg: K3Config, v: Variant) -> bool:
+    """attn_res_in_o_proj: at one token, where the attention's o_proj is the skinny Triton GEMM
+    (triton_o_proj) and the aggregation is attn_res_dot's pair with the residual folded, the
+    o_proj's epilogue does the pre-MLP score kernel's work on its columns (the residual add,
+    the Gram partial): the score launch and its dependent hop go; the combine sums the
+    o_proj's per-column-block partials. Not with the variants that change the score kernel
+    (early rows, prefetch) or replace the pair (attn_res_fused)."""
+    return (v.attn_res_in_o_proj and cfg.batch == 1 and linear_is_triton(cfg, v, O_PROJ) and v.attn_res_dot
+            and v.residual_folded and not v.attn_res_early_rows and not v.prefetch_mb
+            and not attn_res_fuses(cfg, v))
 
 
 def attn_res_fuses(cfg: K3Config, v: Variant) -> bool:

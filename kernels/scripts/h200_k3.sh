@@ -72,6 +72,8 @@ C21=$C20+triton_mla_proj
 # triton_mla_proj was even (campaign12): the chain goes on from C20. Fifth round: the router
 # leg taken into the front GEMM's launch.
 C22=$C20+router_in_front
+# router_in_front was even (campaign13): the chain goes on from C20; the pre-MLP score in the o_proj.
+C23=$C20+attn_res_in_o_proj
 
 case $phase in
 campaign_test)
@@ -281,6 +283,15 @@ campaign16)  # the skinny GEMM's configs re-picked one call at a time (not back 
     --json $OUT/ops16_b1.json 2>&1 | grep "^linear"
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --skinny-table $OUT/ops16_b1.json \
     --variants $C20 $C20@skinny $C20 $C20@skinny --json $OUT/step16.json 2>&1 | grep "B=" ;;
+campaign17)  # attn_res_in_o_proj: its op and model GPU tests, C20 / C23 interleaved, C23 recorded (2 runs)
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
+    -k "o_proj_epilogue or attn_res or matches_reference or kernel_nodes" 2>&1 | tee $OUT/gpu17.log | tail -1
+  timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C23 $C20 $C23 \
+    --json $OUT/step17.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c23_$r --steps 40 --variant $C23; done
+  pack k3_c23 ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \

@@ -59,7 +59,7 @@ NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits",
         "triton_linear+triton_mla_proj"]
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused", "kda_conv_fused",
-                     "moe_sum_norm_fused", "router_in_front"])
+                     "moe_sum_norm_fused", "router_in_front", "attn_res_in_o_proj"])
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -232,6 +232,7 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
 @cpu
 @pytest.mark.parametrize("name, batch", [(n, 2) for n in (*NEAR, CAMPAIGN)] + [(CAMPAIGN, 1), ("triton_linear+moe_tail_fused", 1),
                                                                            ("router_fork+router_align_fused+triton_linear+router_in_front", 1),
+                                                                           ("triton_linear+triton_o_proj+attn_res_dot+attn_res_in_o_proj", 1),
                                                                            ("triton_linear+latent_norm_folded", 1)])
 def test_campaign_variants_near_baseline(name, batch):
     # router_fork forks at B = 1 only; B = 2 keeps the baseline head.

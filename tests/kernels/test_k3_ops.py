@@ -82,6 +82,39 @@ def _attn_res_inputs(B, H, seed):
     return randn(g, 8, B, H), randn(g, H), randn(g, H), randn(g, B, H)
 
 
+@pytest.mark.parametrize("n_rows,fold", [(3, True), (8, True), (1, False), (5, False)])
+def test_o_proj_epilogue_scores_as_the_score_kernel(n_rows, fold):
+    """Variant attn_res_in_o_proj (one token): the skinny o_proj with the Gram epilogue leaves
+    the bank as attn_res_score(addend=the o_proj's output) does (bit for bit; without fold the
+    output is the partial row itself), its per-column-block partials sum to the score
+    kernel's (fp32, 1e-4), and the combine over them gives the pair's output (bf16, 2e-2).
+    H = 1000: a masked tail in both chunkings."""
+    from kernels.k3.ops.gemv import skinny_mm
+
+    H, K = 1000, 96
+    bank, query, gamma, _ = _attn_res_inputs(1, H, 43)
+    g = gen(44)
+    a, w = randn(g, 1, K), randn(g, K, H, scale=K ** -0.5)
+    config = (64, 32, 4, 2)
+    gemm_scores = torch.empty(attn_res.gemm_scores_shape(H, 64, 8), device=DEV, dtype=F32)
+    bank_e, bank_s = bank.clone(), bank.clone()
+    o = torch.empty(1, H, device=DEV, dtype=BF)
+    out = o if fold else bank_e[n_rows - 1]
+    skinny_mm(a, w, out, config=config, gram=(bank_e, n_rows, query, gemm_scores, fold))
+    # The pair: the same GEMM, then the score kernel (folding the output in, or not).
+    o_s = torch.empty(1, H, device=DEV, dtype=BF)
+    skinny_mm(a, w, o_s if fold else bank_s[n_rows - 1], config=config)
+    scores = attn_res.alloc_attn_res_scores(bank_s)
+    attn_res.attn_res_score(bank_s, n_rows, query, scores, addend=o_s if fold else None, gram_dot=True)
+    assert torch.equal(bank_e, bank_s)
+    R = scores.shape[2]
+    torch.testing.assert_close(gemm_scores.sum(1)[:, :R, :R + 1], scores.sum(1)[:, :R, :R + 1], rtol=1e-4, atol=1e-3)
+    x_e, x_s = torch.empty(1, H, device=DEV, dtype=BF), torch.empty(1, H, device=DEV, dtype=BF)
+    attn_res.attn_res_combine(bank_e, n_rows, gemm_scores, gamma, x_e, one_shot=True)
+    attn_res.attn_res_combine(bank_s, n_rows, scores, gamma, x_s, one_shot=True)
+    close(x_e, x_s)
+
+
 @pytest.mark.parametrize("n_rows", [1, 3, 8])
 def test_attn_res_score_combine(n_rows):
     """Score + combine vs reference: out bf16 (2e-2), logits from the partials (1e-4);
@@ -778,6 +811,11 @@ for B in (1, 8, 64):
             gemv.skinny_mm(e(B, K), e(K, N), e(B, N), split_k=gemv.alloc_split_k(N, "meta"))
     if B == 1:  # variant moe_tail_fused
         gemv.skinny_mm_mixnorm(e(16, 3584), e(1, 16, dt=F32), e(3584), e(3584, H), e(1, H))
+    if B == 1:  # variant attn_res_in_o_proj: the o_proj's Gram epilogue, the combine over its partials
+        gsc = e(*attn_res.gemm_scores_shape(H, 64, 8), dt=F32)
+        gemv.skinny_mm(e(1, 1536), e(1536, H), e(1, H), gram=(bank, 5, e(H), gsc, True))
+        gemv.skinny_mm(e(1, 1536), e(1536, H), bank[4], gram=(bank, 5, e(H), gsc, False))
+        attn_res.attn_res_combine(bank, 5, gsc, e(H), e(B, H), one_shot=True)
     if B == 1:  # variant router_in_front
         moe.moe_front_router(e(1, H), e(H, 6016), e(1, 5120), e(1, 896), e(896, dt=F32), ids, w,
                              (e(16, dt=I32), e(16, dt=I32), e(17, dt=I32), e(1, dt=I32)),

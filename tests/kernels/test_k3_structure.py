@@ -141,6 +141,7 @@ def test_baseline_counts():
     ("triton_mla_proj", 0),             # likewise
     ("prefetch_leg:8", 186 + 69 + 92),  # a prefetch kernel before every GEMM after a latency-bound stretch
     ("router_in_front", 0),             # needs the forked, aligned router and triton_linear (below)
+    ("attn_res_in_o_proj", 0),          # needs the skinny o_proj and attn_res_dot (below)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -176,6 +177,20 @@ def test_router_in_front_takes_the_router_leg_into_the_front():
     assert all(l.stream == P.MAIN for s, l in p.launches() if l.subop == P.FRONT)
     for cfg, name in ((FULL.with_(batch=8), head), (FULL, "router_fork+router_align_fused")):
         assert P.build_plan(cfg, parse(name + "+router_in_front")).segments == P.build_plan(cfg, parse(name)).segments
+
+
+def test_attn_res_in_o_proj_drops_the_pre_mlp_score():
+    # On triton_linear + triton_o_proj + attn_res_dot at B = 1: every layer's pre-MLP score
+    # launch goes (its work is in the o_proj's epilogue), the pre-attention ones stay; at
+    # B = 8, or with the score kernel's other variants, it does not apply.
+    on = "triton_linear+triton_o_proj+attn_res_dot"
+    base, p = P.build_plan(FULL, parse(on)), P.build_plan(FULL, parse(on + "+attn_res_in_o_proj"))
+    assert p.triton_kernels - base.triton_kernels == -93 and p.cublas_calls == base.cublas_calls
+    assert base.triton_kernel_names() - p.triton_kernel_names() == Counter({"attn_res_score_kernel": 93})
+    assert p.triton_kernel_names()["attn_res_score_kernel"] == 93  # the pre-attention ones
+    for cfg, name in ((FULL.with_(batch=8), on), (FULL, on + "+attn_res_early_rows"), (FULL, on + "+prefetch:8"),
+                      (FULL, "triton_linear+attn_res_dot")):
+        assert P.build_plan(cfg, parse(name + "+attn_res_in_o_proj")).segments == P.build_plan(cfg, parse(name)).segments
 
 
 def test_latent_norm_folded_drops_the_norm_launch():

@@ -74,6 +74,13 @@ def attn_res_scores_shape(B: int, H: int, r_max: int = 8) -> tuple[int, int, int
     return (B, cdiv(H, _block_h(H)), R, next_pow2(R + 1))
 
 
+def gemm_scores_shape(H: int, block_n: int, r_max: int = 8) -> tuple[int, int, int, int]:
+    """Variant attn_res_in_o_proj: one partial per column block of the GEMM that makes the
+    partial row (one token)."""
+    R = next_pow2(r_max)
+    return (1, cdiv(H, block_n), R, next_pow2(R + 1))
+
+
 def alloc_attn_res_scores(bank: torch.Tensor) -> torch.Tensor:
     R_MAX, B, H = bank.shape
     return torch.empty(attn_res_scores_shape(B, H, R_MAX), device=bank.device, dtype=torch.float32)
@@ -149,6 +156,30 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
         tl.store(scores + ((b * nc + c) * R + rs[:, None]) * W + ws[None, :], acc)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
+
+
+@triton.jit
+def gram_of_columns(o, ns, nm, bank, n_rows, stride_br, query, scores, FOLD: tl.constexpr,
+                    R: tl.constexpr, W: tl.constexpr, T: tl.constexpr, DOT_F32: tl.constexpr):
+    """Variant attn_res_in_o_proj, in the epilogue of the GEMM whose output `o` [BLOCK_N]
+    (fp32 of the stored bf16, token 0, columns `ns`) is the partial row's new content:
+    FOLD: bank[n_rows-1] += o (the folded residual add, one bf16 rounding, stored), else o
+    is that row already. Then attn_res_score_kernel's GRAM_DOT partial over these columns
+    (rows 0..R-1 the bank, row R the query) into scores[0, program, :R, :W]."""
+    last = n_rows - 1
+    if FOLD:
+        pp = bank + last * stride_br + ns
+        part = to_dtype(tl.load(pp, mask=nm, other=0.0).to(tl.float32) + o, bank.dtype.element_ty)
+        tl.store(pp, part, mask=nm)
+    else:
+        part = o.to(bank.dtype.element_ty)  # exact: o holds bf16 values
+    ts = tl.arange(0, T)
+    x = tl.load(bank + ts[:, None] * stride_br + ns[None, :], mask=(ts[:, None] < last) & nm[None, :], other=0.0)
+    x = tl.where(ts[:, None] == last, part[None, :], x)
+    x = tl.where(ts[:, None] == R, tl.load(query + ns, mask=nm, other=0.0)[None, :], x)
+    G = dot(x, tl.trans(x), tl.zeros([T, T], dtype=tl.float32), DOT_F32)
+    tl.store(scores + (tl.program_id(0) * R + ts[:, None]) * W + ts[None, :], G,
+             mask=(ts[:, None] < R) & (ts[None, :] < W))
 
 
 @triton.jit
@@ -392,17 +423,21 @@ def attn_res_combine(bank: torch.Tensor, n_rows: int, scores: torch.Tensor, gamm
                      early_rows: bool = False, delay_ns: int = 0) -> torch.Tensor:
     """out = RMSNorm(sum_r softmax(score)_r bank[r]) * gamma. `one_shot` (variant
     attn_res_dot): the partials and the rows each in one load, the mix a tree sum;
-    `early_rows`: every row but the last loads before the PDL wait, same arithmetic."""
+    `early_rows`: every row but the last loads before the PDL wait, same arithmetic.
+    `scores` holds the score kernel's partials, or (one token, one_shot) the GEMM
+    epilogue's, one per column block (gemm_scores_shape: variant attn_res_in_o_proj)."""
     _check_bank(bank, n_rows)
     R_MAX, B, H = bank.shape
-    assert scores.shape == attn_res_scores_shape(B, H, R_MAX) and scores.is_contiguous()
+    gemm = scores.shape[1] != attn_res_scores_shape(B, H, R_MAX)[1]  # attn_res_in_o_proj's partials
+    assert scores.shape[0] == B and scores.shape[2:] == attn_res_scores_shape(B, H, R_MAX)[2:]
+    assert scores.is_contiguous() and (not gemm or (B == 1 and one_shot))
     assert gamma.shape == (H,) and gamma.is_contiguous()
     assert out.shape == (B, H) and out.stride(1) == 1
     _, NC, R, W = scores.shape
-    launch(attn_res_combine_kernel, (B, NC), bank, scores, gamma, out, n_rows, H, NC,
+    launch(attn_res_combine_kernel, (B, cdiv(H, _block_h(H))), bank, scores, gamma, out, n_rows, H, NC,
            bank.stride(0), bank.stride(1), out.stride(0), eps,
            R=R, W=W, BLOCK_H=_block_h(H), ONE_SHOT=one_shot, EARLY_ROWS=early_rows,
-           NCP=next_pow2(NC), num_warps=4, delay_ns=delay_ns)
+           NCP=next_pow2(NC), num_warps=8 if NC > 32 else 4, delay_ns=delay_ns)
     return out
 
 

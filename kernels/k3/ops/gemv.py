@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.k3.plan import SKINNY_MAX_B  # one MMA tile of tokens; torch.mm beyond
+from kernels.k3.ops.attn_res import gemm_scores_shape, gram_of_columns
 from kernels.k3.ops.common import DOT_F32, dot, launch, next_pow2, pdl_trigger, pdl_wait, spin, to_dtype
 
 
@@ -60,10 +61,11 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 # --------------------------------------------------------------------------------------
 @triton.jit
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
-                     sumsq, n_sumsq, ws, tickets, k_per,
+                     sumsq, n_sumsq, ws, tickets, k_per, bank, n_rows, stride_br, query, scores,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
-                     SPLIT_K: tl.constexpr, DOT_F32: tl.constexpr,
+                     SPLIT_K: tl.constexpr, GRAM: tl.constexpr, FOLD: tl.constexpr, R: tl.constexpr,
+                     W: tl.constexpr, T: tl.constexpr, DOT_F32: tl.constexpr,
                      USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # out[B, N] = x[B, K] @ w[K, N], w row-major (N contiguous, as torch.mm takes it). One
     # program per BLOCK_N columns streams its whole K; the few tokens pad the MMA's M side.
@@ -137,8 +139,11 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
         acc, last = split_k_reduce(acc, ws, tickets, tl.program_id(1), tl.program_id(0), ms, ns, out_mask, N,
                                    BLOCK_M, SPLIT_K)
         out_mask = out_mask & last  # only the column block's last arrival stores
-    tl.store(out + ms.to(tl.int64)[:, None] * stride_out + ns[None, :],
-             to_dtype(acc, out.dtype.element_ty), mask=out_mask)
+    o = to_dtype(acc, out.dtype.element_ty)
+    tl.store(out + ms.to(tl.int64)[:, None] * stride_out + ns[None, :], o, mask=out_mask)
+    if GRAM:  # variant attn_res_in_o_proj (one token): the next aggregation's score, here
+        o0 = tl.sum(tl.where(ms[:, None] == 0, o.to(tl.float32), 0.0), axis=0)  # token 0's row, exact
+        gram_of_columns(o0, ns, nm, bank, n_rows, stride_br, query, scores, FOLD, R, W, T, DOT_F32)
     spin(DELAY_NS)
     pdl_trigger(USE_PDL)
 
@@ -234,7 +239,7 @@ def alloc_split_k(max_n: int, device) -> SplitK:
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
               config: tuple[int, int, int, int] | None = None, rms_of: tuple | None = None,
               early_weights: bool = False, split_k: SplitK | None = None, splits: int | None = None,
-              delay_ns: int = 0) -> torch.Tensor:
+              gram: tuple | None = None, delay_ns: int = 0) -> torch.Tensor:
     """out = x @ w for B <= SKINNY_MAX_B tokens; w [K, N] with unit column stride (a
     column slice of a wider weight is fine), x and out row-strided. `rms_of = (sumsq, eps)`
     (variant latent_norm_folded): out[b] = x[b] @ w / rms(x[b]), the RMS from sumsq fp32
@@ -243,7 +248,11 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     PDL wait; the same products in the same order (bit for bit). `split_k` (variant
     linear_split_k, triton_mla_proj): K split over `splits` programs per column block
     (default: this shape's SKINNY_SPLITS or MLA_SPLITS entry, else unsplit); fp32 partials
-    summed in split order, deterministic but not the unsplit kernel's bits."""
+    summed in split order, deterministic but not the unsplit kernel's bits. `gram = (bank,
+    n_rows, query, scores, fold)` (variant attn_res_in_o_proj, one token, out the attention
+    output): the epilogue does the next aggregation's score kernel's work on its columns
+    (fold: the output is added to bank[n_rows-1]; else `out` is that row), its partials
+    into `scores` (attn_res.gemm_scores_shape with this GEMM's block_n)."""
     B, K = x.shape
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
@@ -262,9 +271,18 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
         assert split_k is not None and S <= SPLIT_MAX and rms_of is None and not early_weights
         assert split_k.partials.numel() >= S * 16 * N and split_k.tickets.numel() >= triton.cdiv(N, bn)
     ws, tickets = (split_k.partials, split_k.tickets) if S > 1 else (out, out)
+    bank, n_rows, query, scores, fold = gram if gram is not None else (out, 1, out, out, False)
+    if gram is not None:
+        assert B == 1 and S == 1 and rms_of is None and bank.shape[1:] == (1, N) and bank.stride(2) == 1
+        assert 1 <= n_rows <= bank.shape[0] and query.shape == (N,) and query.dtype == bank.dtype
+        assert scores.shape == gemm_scores_shape(N, bn, bank.shape[0]) and scores.is_contiguous()
+        assert fold or out.data_ptr() == bank[n_rows - 1].data_ptr()
+    R = next_pow2(bank.shape[0]) if gram is not None else 1
     launch(skinny_mm_kernel, (triton.cdiv(N, bn), S), x, w, out, B, K, N, x.stride(0), w.stride(0),
-           out.stride(0), x, x, eps, sumsq, n_sq, ws, tickets, k_per, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+           out.stride(0), x, x, eps, sumsq, n_sq, ws, tickets, k_per, bank, n_rows,
+           bank.stride(0) if gram is not None else 0, query, scores, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
            EVEN_K=K % bk == 0, MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, SPLIT_K=S,
+           GRAM=gram is not None, FOLD=bool(fold), R=R, W=next_pow2(R + 1), T=max(16, next_pow2(R + 1)),
            DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
 
@@ -284,7 +302,7 @@ def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor
     assert w.shape[0] == K and out.shape == (1, N) and y.stride(1) == 1 and w.stride(1) == 1
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
-           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
-           EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, SPLIT_K=1, DOT_F32=DOT_F32, num_warps=warps,
-           num_stages=stages, delay_ns=delay_ns)
+           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, BLOCK_M=16, BLOCK_N=bn,
+           BLOCK_K=bk, EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, SPLIT_K=1, GRAM=False, FOLD=False, R=1,
+           W=2, T=16, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
