@@ -173,6 +173,41 @@ def front_router(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def o_proj_score(B: int, calls: int) -> dict[str, float]:
+    """The KDA o_proj (skinny, triton_o_proj) and the pre-MLP aggregation after it, at one
+    token and 8 bank rows: o_proj -> score (the residual folded) -> combine (attn_res_dot),
+    against attn_res_in_o_proj's o_proj with the Gram epilogue -> combine over its partials;
+    back to back and one call at a time."""
+    from kernels.k3.ops import attn_res as A
+    from kernels.k3.ops.gemv import skinny_mm
+
+    assert B == 1, "attn_res_in_o_proj is a one-token variant"
+    H, K, n = 7168, 1536, 8
+    copies = _copies(K * H * 2)
+    g = torch.Generator(device="cuda").manual_seed(9)
+    a = torch.randn(1, K, device="cuda", dtype=BF, generator=g)
+    ws = [torch.randn(K, H, device="cuda", dtype=BF, generator=g) * K ** -0.5 for _ in range(copies)]
+    bank = torch.randn(8, 1, H, device="cuda", dtype=BF, generator=g)
+    query, gamma = torch.randn(H, device="cuda", dtype=BF, generator=g), torch.randn(H, device="cuda", dtype=BF, generator=g)
+    o, x = torch.empty(1, H, device="cuda", dtype=BF), torch.empty(1, H, device="cuda", dtype=BF)
+    scores = A.alloc_attn_res_scores(bank)
+    gemm_scores = torch.empty(A.gemm_scores_shape(H, 64, 8), device="cuda", dtype=F32)
+
+    def pair(i):
+        skinny_mm(a, ws[i % copies], o)
+        A.attn_res_score(bank, n, query, scores, addend=o, gram_dot=True)
+        A.attn_res_combine(bank, n, scores, gamma, x, one_shot=True)
+
+    def folded(i):
+        skinny_mm(a, ws[i % copies], o, gram=(bank, n, query, gemm_scores, True))
+        A.attn_res_combine(bank, n, gemm_scores, gamma, x, one_shot=True)
+
+    return {"o_proj -> score -> combine": per_call_us(pair, calls),
+            "attn_res_in_o_proj: o_proj + its Gram -> combine": per_call_us(folded, calls),
+            "one call: o_proj -> score -> combine": single_call_us(pair, copies),
+            "one call: attn_res_in_o_proj": single_call_us(folded, copies)}
+
+
 def router_align(B: int, calls: int) -> dict[str, float]:
     """The router leg's top-k and align: two launches, or the router writing the segments
     (router_align_fused; one token)."""
@@ -565,7 +600,8 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "kda_conv_fused": (69, "conv -> kda_step", "kda_conv_fused"),
            "moe_sum_norm_fused": (92, "weighted sum -> norm -> up", "moe_sum_norm_fused"),
            "mla_proj_merged": (24, "q_a, kv_a, g_proj", "mla_proj_merged"),
-           "router_in_front": (92, "c20 head", "router_in_front (64, 128, 4, 4) x(8, 2) (default)")}
+           "router_in_front": (92, "c20 head", "router_in_front (64, 128, 4, 4) x(8, 2) (default)"),
+           "attn_res_in_o_proj": (93, "o_proj -> score -> combine", "attn_res_in_o_proj:")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
@@ -594,7 +630,8 @@ def main() -> int:
             "attn_res_fused": lambda: attn_res(B, 50, 8), "attn_res_fused, 2 rows": lambda: attn_res(B, 50, 2),
             "attn_res_rows": lambda: attn_res_rows(B, 50), "moe_tail_fused": lambda: moe_tail(B, args.calls),
             "kda_conv_fused": lambda: kda_conv(B, args.calls), "mla_proj_merged": lambda: mla_proj(B, args.calls),
-            "router_in_front": lambda: front_router(B, args.calls)}
+            "router_in_front": lambda: front_router(B, args.calls),
+            "attn_res_in_o_proj": lambda: o_proj_score(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

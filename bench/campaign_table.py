@@ -39,6 +39,7 @@ STANDALONE = {
     "mla_proj_merged": (24, "mla_proj_merged", "q_a, kv_a, g_proj", "mla_proj_merged"),
     "moe_sum_norm_fused": (92, "moe_tail_fused", "weighted sum -> norm -> up", "moe_sum_norm_fused"),
     "router_in_front": (92, "router_in_front", "c20 head", "router_in_front (64, 128, 4, 4) x(8, 2)"),
+    "attn_res_in_o_proj": (93, "attn_res_in_o_proj", "o_proj -> score -> combine", "attn_res_in_o_proj:"),
 }
 #: Changes that keep their kernels' names (other code inside): k3trace reports them as
 #: duration edits of these kernels, which are then the change's own edits too.

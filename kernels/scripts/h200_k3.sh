@@ -273,8 +273,10 @@ campaign15)  # router_in_front (argmax rounds again; the ranked top-k of c3603d5
   # the router columns split 16 ways against 8, C20 interleaved
   timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C22 $C22@front=64,128,4,4/16,2 \
     $C20 $C22 $C22@front=64,128,4,4/16,2 --json $OUT/step15.json 2>&1 | grep "B=" ;;
-campaign15_final)  # after the fifth round's last kernel change: the probe, every GPU test but CuTe DSL's
+campaign15_final)  # after the fifth round's last kernel change: the probe, the o_proj case, every GPU test but CuTe DSL's
   set -o pipefail
+  timeout 60 python3 bench/bench_k3_ops.py --batch 1 --cases attn_res_in_o_proj --json $OUT/ops17_b1.json 2>&1 \
+    | grep -v "^standalone"
   timeout 60 python3 bench/probe_front_router.py 2>&1 | tee $OUT/probe15.log
   timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
     tests/kernels/test_k3_model.py 2>&1 | tee $OUT/gpu15_all.log | tail -4 ;;
