@@ -61,10 +61,13 @@ def label(trace: Trace, assignment: StepAssignment, cfg: Config, donor: LabelDon
     module_ranges = modules.module_ranges(trace, cfg, pid)
     # Eager launches are looked up at their launch call; a replay's nodes (once per graph
     # node: every replay repeats them) where the capture created them.
-    launches = kernels.filter(pl.col("graph_node_id").is_null()).select(
-        "kernel_id", pl.col("launch_tid").alias("tid"), pl.col("launch_start").alias("at"))
-    nodes = kernels.filter(pl.col("graph_node_id").is_not_null()).unique("graph_node_id").select(
-        "graph_node_id", "name", pl.col("created_tid").alias("tid"), pl.col("created_at").alias("at"))
+    # (Each filter carries only the columns kept, not the kernels' two dozen: the frames are
+    # selected first. A node's name and creation are the same in every replay.)
+    launches = kernels.select("kernel_id", pl.col("launch_tid").alias("tid"), pl.col("launch_start").alias("at"),
+                              "graph_node_id").filter(pl.col("graph_node_id").is_null()).drop("graph_node_id")
+    nodes = kernels.select("graph_node_id", "name", pl.col("created_tid").alias("tid"),
+                           pl.col("created_at").alias("at")).filter(pl.col("graph_node_id").is_not_null()).unique(
+        "graph_node_id")
 
     by_own = innermost(launches, own_ranges, "kernel_id", ["layer", "family"])
     by_own_node = innermost(nodes, own_ranges, "graph_node_id", ["layer", "family"])
@@ -94,7 +97,7 @@ def label(trace: Trace, assignment: StepAssignment, cfg: Config, donor: LabelDon
                                 assignment.range_form)
     donor_coverage, found = None, []
     # The later sources work on whole units (a graph, an eager step signature) with no label.
-    if not out.filter(pl.col("step").is_not_null(), pl.col("layer").is_null()).is_empty():
+    if out.select((pl.col("step").is_not_null() & pl.col("layer").is_null()).any()).item():
         out = units.with_units(out, assignment.steps)
         wanted = units.needing(out)
         graphs = {u for u in wanted if u.startswith("g")}
