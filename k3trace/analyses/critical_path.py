@@ -35,48 +35,11 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
         "kernel_id", "step", "stream_id", "start", "end", "launch_start", "name", "signature", "family", "layer",
         "launch_rank",
     )
-    # The scans run in (step, start, end) order, on arrays: the frame itself is never
-    # sorted, and the results go back to its rows by position (peak memory).
-    by_start = sort_positions(cols, "step", "start", "end")
-    k = cols.select("kernel_id", "step", "stream_id", "start", "end", "launch_start")[by_start]
-    kid = k["kernel_id"].to_numpy()
-    step, stream = k["step"].to_numpy(), k["stream_id"].to_numpy()
-    start, end = k["start"].to_numpy(), k["end"].to_numpy()
-    # Same stream: the previous kernel on the stream within the step.
-    by_stream = sort_positions(k, "step", "stream_id", "start")
-    same = np.zeros(len(kid), dtype=bool)
-    same[1:] = (step[by_stream[1:]] == step[by_stream[:-1]]) & (stream[by_stream[1:]] == stream[by_stream[:-1]])
-    prev = np.zeros(len(kid), dtype=np.int64)
-    prev[by_stream[1:]] = by_stream[:-1]
-    has_stream = np.zeros(len(kid), dtype=bool)
-    has_stream[by_stream] = same
-    lookup = _EndOrder.of(k, step, stream)
-    join_at, has_join = lookup.latest_other_stream(step, stream, start)
-    launch = k["launch_start"]
-    has_launch = launch.is_not_null().to_numpy()
-    launch_at = launch.fill_null(0).to_numpy()
-    # Graph replays place programmatic (PDL) edges across internal streams too, and there
-    # the dependent's reported start precedes its producer's end (its prologue ran first).
-    # Where the usual candidates leave a wait, a producer on another stream ending within
-    # `pdl_max_overlap_ns` after the start (and before the kernel's own end) released it.
-    usual, has_usual = _latest((end[prev], has_stream), (lookup.end[join_at], has_join), (launch_at, has_launch))
-    waited = np.flatnonzero(has_usual & (start - usual > cfg.pdl_max_gap_ns))
-    probe = np.minimum(start[waited] + cfg.pdl_max_overlap_ns, end[waited] - 1)
-    ov_at, has_ov = lookup.latest_other_stream(step[waited], stream[waited], probe)
-    has_ov &= lookup.end[ov_at] > start[waited]
-    join_at[waited[has_ov]] = ov_at[has_ov]
-    has_join[waited[has_ov]] = True
-    row = np.empty(len(kid), dtype=np.int64)
-    row[by_start] = np.arange(len(kid))
-
-    def back(values: np.ndarray) -> np.ndarray:
-        return values[row]
-
-    # The frame's own order from here on: each candidate with whether it is present.
-    stream_pred, stream_release, has_stream = back(kid[prev]), back(end[prev]), back(has_stream)
-    join_pred, join_release, has_join = back(lookup.kernel_id[join_at]), back(lookup.end[join_at]), back(has_join)
-    launch_release, has_launch = back(launch_at), back(has_launch)
-    start = back(start)
+    c = _candidates(cols, cfg)
+    start = cols["start"].to_numpy()
+    stream_pred, stream_release, has_stream = c.stream_pred, c.stream_release, c.has_stream
+    join_pred, join_release, has_join = c.join_pred, c.join_release, c.has_join
+    launch_release, has_launch = c.launch_release, c.has_launch
     release, has_release = _latest((stream_release, has_stream), (join_release, has_join),
                                    (launch_release, has_launch))
     # Ties go to the stream edge, then the join: a launch that happened earlier never binds.
@@ -113,6 +76,62 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
         _nullable("path_release", path_release, has_path_release),
     )
     return out if out["kernel_id"].is_sorted() else out.sort("kernel_id")
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """Per kernel, in the frame's row order: the previous kernel on its stream, the latest
+    other-stream kernel it may wait on (a join), its launch time; with whether each is there."""
+
+    stream_pred: np.ndarray
+    stream_release: np.ndarray
+    has_stream: np.ndarray
+    join_pred: np.ndarray
+    join_release: np.ndarray
+    has_join: np.ndarray
+    launch_release: np.ndarray
+    has_launch: np.ndarray
+
+
+def _candidates(cols: pl.DataFrame, cfg: Config) -> _Candidates:
+    """The scans behind `dependency_edges`, on their own: the orders and look-ups they build
+    (half a GB at 2.2M kernels) are let go before the edges are (peak memory)."""
+    # The scans run in (step, start, end) order, on arrays: the frame itself is never
+    # sorted, and the results go back to its rows by position (peak memory).
+    by_start = sort_positions(cols, "step", "start", "end")
+    k = cols.select("kernel_id", "step", "stream_id", "start", "end", "launch_start")[by_start]
+    kid = k["kernel_id"].to_numpy()
+    step, stream = k["step"].to_numpy(), k["stream_id"].to_numpy()
+    start, end = k["start"].to_numpy(), k["end"].to_numpy()
+    # Same stream: the previous kernel on the stream within the step.
+    by_stream = sort_positions(k, "step", "stream_id", "start")
+    same = np.zeros(len(kid), dtype=bool)
+    same[1:] = (step[by_stream[1:]] == step[by_stream[:-1]]) & (stream[by_stream[1:]] == stream[by_stream[:-1]])
+    prev = np.zeros(len(kid), dtype=np.int64)
+    prev[by_stream[1:]] = by_stream[:-1]
+    has_stream = np.zeros(len(kid), dtype=bool)
+    has_stream[by_stream] = same
+    lookup = _EndOrder.of(k, step, stream)
+    join_at, has_join = lookup.latest_other_stream(step, stream, start)
+    launch = k["launch_start"]
+    has_launch = launch.is_not_null().to_numpy()
+    launch_at = launch.fill_null(0).to_numpy()
+    # Graph replays place programmatic (PDL) edges across internal streams too, and there
+    # the dependent's reported start precedes its producer's end (its prologue ran first).
+    # Where the usual candidates leave a wait, a producer on another stream ending within
+    # `pdl_max_overlap_ns` after the start (and before the kernel's own end) released it.
+    usual, has_usual = _latest((end[prev], has_stream), (lookup.end[join_at], has_join), (launch_at, has_launch))
+    waited = np.flatnonzero(has_usual & (start - usual > cfg.pdl_max_gap_ns))
+    probe = np.minimum(start[waited] + cfg.pdl_max_overlap_ns, end[waited] - 1)
+    ov_at, has_ov = lookup.latest_other_stream(step[waited], stream[waited], probe)
+    has_ov &= lookup.end[ov_at] > start[waited]
+    join_at[waited[has_ov]] = ov_at[has_ov]
+    has_join[waited[has_ov]] = True
+    row = np.empty(len(kid), dtype=np.int64)
+    row[by_start] = np.arange(len(kid))
+    return _Candidates(stream_pred=kid[prev][row], stream_release=end[prev][row], has_stream=has_stream[row],
+                       join_pred=lookup.kernel_id[join_at][row], join_release=lookup.end[join_at][row],
+                       has_join=has_join[row], launch_release=launch_at[row], has_launch=has_launch[row])
 
 
 def _nullable(name: str, values: np.ndarray, valid: np.ndarray, dtype: pl.DataType = pl.Int64) -> pl.Series:
