@@ -254,7 +254,8 @@ def overlap_metrics(stable_kernels: pl.DataFrame, steps: pl.DataFrame, n: int, c
     return OverlapMetrics(
         overlap=overlap, families=families.family_table(overlap, n), kernels=kernels.kernel_table(overlap, n),
         step_times=steptimes.per_step(steps, overlap),
-        pdl_steps=pdl.per_step(pdl.same_stream_pairs(stable_kernels, cfg)), windows=pre_attention.windows(stable_kernels, cfg))
+        pdl_steps=pdl.per_step(pdl.same_stream_pairs(stable_kernels, cfg, named=False)),
+        windows=pre_attention.windows(stable_kernels, cfg))
 
 
 def label_notes(summary) -> list[str]:
