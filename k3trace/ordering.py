@@ -71,10 +71,20 @@ def _lexsorted(frame: pl.DataFrame, keys: tuple[str, ...], *,
 def has_repeats(frame: pl.DataFrame, *keys: str) -> bool:
     """Do two rows share all of `keys`? (A struct's `is_duplicated` hashes rows at about
     240 bytes each: 600 MB for 2.5M kernels; this sorts at 8.)"""
+    if _strictly_increasing(frame[keys[0]]):
+        return False
     found = _lexsorted(frame, keys)
     if found is None:
         return frame.height > 1 and bool(frame.select(pl.struct(keys).is_duplicated().any()).item())
     return bool(found[1].any())
+
+
+def _strictly_increasing(column: pl.Series) -> bool:
+    """Does an integer column rise from row to row? Then no two rows share its value, and
+    no order is needed to tell (an export's kernel starts, read in table order: a scan,
+    where the packed sort took 170 ms at 2.2M kernels)."""
+    values = _values(column, nulls=False)
+    return values is not None and bool(np.all(values[1:] > values[:-1]))
 
 
 def sort_positions(frame: pl.DataFrame, *keys: str) -> np.ndarray:

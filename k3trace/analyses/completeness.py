@@ -222,7 +222,7 @@ def launch_plan(trace: Trace, steps: pl.DataFrame, kernels: pl.DataFrame, pid: i
     if dominant != planned:
         problems.append(f"the workload's launch plan has {planned} kernels per step but the dominant step holds "
                         f"{dominant}: records were dropped or the plan is stale; record again")
-    eager = kernels.filter(pl.col("eager_step").is_not_null()).group_by("eager_step").len()
+    eager = kernels.select("eager_step").filter(pl.col("eager_step").is_not_null()).group_by("eager_step").len()
     short = eager.filter(pl.col("len") < planned)
     if short.height:
         problems.append(f"{short.height} annotated eager steps hold fewer kernels than the plan's {planned} "

@@ -35,6 +35,67 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
         "kernel_id", "step", "stream_id", "start", "end", "launch_start", "name", "signature", "family", "layer",
         "launch_rank",
     )
+    c = _candidates(cols, cfg)
+    start = cols["start"].to_numpy()
+    stream_pred, stream_release, has_stream = c.stream_pred, c.stream_release, c.has_stream
+    join_pred, join_release, has_join = c.join_pred, c.join_release, c.has_join
+    launch_release, has_launch = c.launch_release, c.has_launch
+    release, has_release = _latest((stream_release, has_stream), (join_release, has_join),
+                                   (launch_release, has_launch))
+    # Ties go to the stream edge, then the join: a launch that happened earlier never binds.
+    by_stream_edge = has_stream & (stream_release == release)
+    by_join = ~by_stream_edge & has_join & (join_release == release)
+    by_launch = ~by_stream_edge & ~by_join & has_launch
+    pdl = (by_stream_edge & (start - stream_release <= cfg.pdl_max_gap_ns)) | (by_join & (join_release > start))
+    # Released by its CPU launch: the path goes on through the host to the kernel that ran
+    # before on its stream (else the latest on another), and the wait between that one's
+    # end and this start is a launch bubble. On an eager trace the path otherwise ended at
+    # the first launch-bound kernel ("1 kernel, 1 bubble of 83 ms").
+    via_stream = by_stream_edge | (by_launch & has_stream)
+    via_join = by_join | (by_launch & ~has_stream & has_join)
+    pred = np.where(via_stream, stream_pred, join_pred)
+    path_release = np.where(by_launch, np.where(has_stream, stream_release, join_release), release)
+    has_path_release = np.where(by_launch, has_stream | has_join, has_release)
+
+    id_type = cols.schema["kernel_id"]
+    binding = pl.select(pl.when(pl.Series(by_stream_edge)).then(pl.lit(STREAM))
+                        .when(pl.Series(by_join)).then(pl.lit(JOIN))
+                        .when(pl.Series(by_launch)).then(pl.lit(LAUNCH))).to_series()
+    # The same columns, nulls and types as the polars expressions these replace (a third of
+    # the function's time went to them): where a candidate is absent its column is null.
+    out = cols.with_columns(
+        _nullable("stream_pred", stream_pred, has_stream, id_type),
+        _nullable("stream_release", stream_release, has_stream),
+        _nullable("join_pred", join_pred, has_join, id_type),
+        _nullable("join_release", join_release, has_join),
+        pl.col("launch_start").alias("launch_release"),
+        _nullable("release", release, has_release),
+        binding.alias("binding"),
+        pl.Series("pdl", pdl),
+        _nullable("pred", pred, via_stream | via_join, id_type),
+        _nullable("path_release", path_release, has_path_release),
+    )
+    return out if out["kernel_id"].is_sorted() else out.sort("kernel_id")
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """Per kernel, in the frame's row order: the previous kernel on its stream, the latest
+    other-stream kernel it may wait on (a join), its launch time; with whether each is there."""
+
+    stream_pred: np.ndarray
+    stream_release: np.ndarray
+    has_stream: np.ndarray
+    join_pred: np.ndarray
+    join_release: np.ndarray
+    has_join: np.ndarray
+    launch_release: np.ndarray
+    has_launch: np.ndarray
+
+
+def _candidates(cols: pl.DataFrame, cfg: Config) -> _Candidates:
+    """The scans behind `dependency_edges`, on their own: the orders and look-ups they build
+    (half a GB at 2.2M kernels) are let go before the edges are (peak memory)."""
     # The scans run in (step, start, end) order, on arrays: the frame itself is never
     # sorted, and the results go back to its rows by position (peak memory).
     by_start = sort_positions(cols, "step", "start", "end")
@@ -68,41 +129,9 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     has_join[waited[has_ov]] = True
     row = np.empty(len(kid), dtype=np.int64)
     row[by_start] = np.arange(len(kid))
-
-    def back(values: np.ndarray) -> np.ndarray:
-        return values[row]
-
-    id_type = cols.schema["kernel_id"]
-    out = cols.with_columns(
-        _nullable("stream_pred", back(kid[prev]), back(has_stream), id_type),
-        _nullable("stream_release", back(end[prev]), back(has_stream)),
-        _nullable("join_pred", back(lookup.kernel_id[join_at]), back(has_join), id_type),
-        _nullable("join_release", back(lookup.end[join_at]), back(has_join)),
-        pl.col("launch_start").alias("launch_release"),
-    )
-    # Ties go to the stream edge, then the join: a launch that happened earlier never binds.
-    release = pl.max_horizontal("stream_release", "join_release", "launch_release")
-    out = out.with_columns(release.alias("release")).with_columns(
-        pl.when(pl.col("stream_release") == pl.col("release")).then(pl.lit(STREAM))
-        .when(pl.col("join_release") == pl.col("release")).then(pl.lit(JOIN))
-        .when(pl.col("launch_release").is_not_null()).then(pl.lit(LAUNCH))
-        .alias("binding"),
-    ).with_columns(
-        (
-            ((pl.col("binding") == STREAM) & ((pl.col("start") - pl.col("stream_release")) <= cfg.pdl_max_gap_ns))
-            | ((pl.col("binding") == JOIN) & (pl.col("join_release") > pl.col("start")))
-        ).fill_null(False).alias("pdl"),
-        pl.when(pl.col("binding") == STREAM).then(pl.col("stream_pred"))
-        .when(pl.col("binding") == JOIN).then(pl.col("join_pred"))
-        # Released by its CPU launch: the path goes on through the host to the kernel that ran
-        # before on its stream (else the latest on another), and the wait between that one's
-        # end and this start is a launch bubble. On an eager trace the path otherwise ended at
-        # the first launch-bound kernel ("1 kernel, 1 bubble of 83 ms").
-        .when(pl.col("binding") == LAUNCH).then(pl.coalesce("stream_pred", "join_pred")).alias("pred"),
-        pl.when(pl.col("binding") == LAUNCH).then(pl.coalesce("stream_release", "join_release"))
-        .otherwise(pl.col("release")).alias("path_release"),
-    )
-    return out if out["kernel_id"].is_sorted() else out.sort("kernel_id")
+    return _Candidates(stream_pred=kid[prev][row], stream_release=end[prev][row], has_stream=has_stream[row],
+                       join_pred=lookup.kernel_id[join_at][row], join_release=lookup.end[join_at][row],
+                       has_join=has_join[row], launch_release=launch_at[row], has_launch=has_launch[row])
 
 
 def _nullable(name: str, values: np.ndarray, valid: np.ndarray, dtype: pl.DataType = pl.Int64) -> pl.Series:
@@ -134,6 +163,7 @@ class _EndOrder:
     base: np.ndarray        # per distinct step: its earliest kernel start
     stride: int
     key: np.ndarray
+    step_index: np.ndarray | None   # step - steps[0] -> its position in `steps`, where ids are dense
 
     @classmethod
     def of(cls, k: pl.DataFrame, step: np.ndarray, stream: np.ndarray) -> "_EndOrder":
@@ -160,8 +190,20 @@ class _EndOrder:
         else:
             base, stride = np.zeros(0, dtype=np.int64), 2
         key = g * stride + (end - base[g])
+        step_index = None
+        # Step ids count up from 0 (graph replays, NVTX ranges, periods): a table indexed
+        # by the id finds each probe's step, where a search over the steps costs log(n) per probe.
+        if len(steps) and int(steps[-1]) - int(steps[0]) < 4 * len(steps) + 1024:
+            step_index = np.zeros(int(steps[-1]) - int(steps[0]) + 1, dtype=np.int64)
+            step_index[steps - steps[0]] = np.arange(len(steps))
         return cls(kernel_id=k["kernel_id"].to_numpy()[order], step=s, stream=st, end=end, before_run=before_run,
-                   steps=steps, base=base, stride=stride, key=key)
+                   steps=steps, base=base, stride=stride, key=key, step_index=step_index)
+
+    def _step_positions(self, step: np.ndarray) -> np.ndarray:
+        """Each probing kernel's step's position in `steps` (every probe's step is there)."""
+        if self.step_index is None:
+            return np.searchsorted(self.steps, step)
+        return self.step_index[step - self.steps[0]]
 
     def latest_other_stream(self, step: np.ndarray, stream: np.ndarray,
                             probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -169,7 +211,7 @@ class _EndOrder:
         its step with end <= probe, and whether there is one. The latest end <= probe is
         found first; if that kernel is on the probing kernel's own stream, the latest
         other-stream one sits just before its run."""
-        g = np.searchsorted(self.steps, step)
+        g = self._step_positions(step)
         at = np.searchsorted(self.key, g * self.stride + (probe - self.base[g]), side="right") - 1
         found = at >= 0
         at = np.where(found, at, 0)
@@ -215,7 +257,9 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
 
 
 def per_step(path: pl.DataFrame) -> pl.DataFrame:
-    on = path.filter(pl.col("on_path"))
+    # Only the columns summed go through the filter: the path's sixteen took 150 MB more at
+    # 2.2M kernels, at the analysis' peak (the overlap side still runs then).
+    on = path.select("step", "critical_ns", "bubble_ns", "pdl", "on_path").filter(pl.col("on_path"))
     return on.group_by("step").agg(
         pl.len().alias("path_kernels"),
         pl.col("critical_ns").sum(),
@@ -225,21 +269,28 @@ def per_step(path: pl.DataFrame) -> pl.DataFrame:
     ).sort("step")
 
 
-def by_family(path: pl.DataFrame) -> pl.DataFrame:
-    """Median over stable steps of the family's time on the path (us)."""
-    steps = path.select("step").unique()
-    fams = path.select("family").unique()
-    per = path.group_by("step", "family").agg(pl.col("critical_ns").sum())
+def per_step_kernel(path: pl.DataFrame) -> pl.DataFrame:
+    """Each stable step's time on the path per kernel (step, name, family, critical_ns): the
+    one grouping of the path's rows that `by_family` and `by_kernel` both start from."""
+    return path.group_by("step", "name", "family").agg(pl.col("critical_ns").sum())
+
+
+def by_family(per: pl.DataFrame) -> pl.DataFrame:
+    """Median over stable steps of the family's time on the path (us), from `per_step_kernel`.
+    Every step has a kernel in it, and integer sums of the kernels' sums are the family's."""
+    steps = per.select("step").unique()
+    fams = per.select("family").unique()
+    by_step = per.group_by("step", "family").agg(pl.col("critical_ns").sum())
     return (
-        steps.join(fams, how="cross").join(per, on=["step", "family"], how="left").fill_null(0)
+        steps.join(fams, how="cross").join(by_step, on=["step", "family"], how="left").fill_null(0)
         .group_by("family").agg((pl.col("critical_ns").median() / 1e3).alias("critical_us"))
     )
 
 
-def by_kernel(path: pl.DataFrame) -> pl.DataFrame:
-    steps = path.select("step").unique()
-    names = path.select("name", "family").unique()
-    per = path.group_by("step", "name", "family").agg(pl.col("critical_ns").sum())
+def by_kernel(per: pl.DataFrame) -> pl.DataFrame:
+    """The same per kernel (name and family), from `per_step_kernel`."""
+    steps = per.select("step").unique()
+    names = per.select("name", "family").unique()
     return (
         steps.join(names, how="cross").join(per, on=["step", "name", "family"], how="left").fill_null(0)
         .group_by("name", "family").agg((pl.col("critical_ns").median() / 1e3).alias("critical_us"))

@@ -16,6 +16,7 @@ from typing import Iterator
 import polars as pl
 
 import k3trace
+from k3trace import heap
 from k3trace.analyses import completeness, critical_path, families, kernels, layers, pdl, pre_attention, stepgraph
 from k3trace.analyses import steptimes, streams
 from k3trace.analyses import store
@@ -206,7 +207,12 @@ class PathMetrics:
 def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl.DataFrame,
                  cfg: Config) -> PathMetrics:
     """The critical path of every stable step and the representative step's graph."""
-    path = critical_path.walk(critical_path.dependency_edges(stable_kernels, cfg), steps)
+    edges = critical_path.dependency_edges(stable_kernels, cfg)
+    # Its numpy scans leave their freed arrays resident in malloc's heap (at 2.2M kernels
+    # 300 MB more at the peak, which comes while the other side still runs).
+    heap.trim()
+    path = critical_path.walk(edges, steps)
+    del edges
     graph = stepgraph.build(path)
     # Which capture stream each node ran on (graph replays run on internal streams of their
     # own): what the diff's "moved to a side stream" and whatif's --stream go by.
@@ -222,8 +228,13 @@ def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl
         (pl.col("slack_ns").min() / 1e3).alias("slack_us"))
     # The edge columns the graph was built from are not kept (peak memory).
     path = path.select(PATH_COLUMNS)
-    return PathMetrics(path=path, graph=graph, slack=slack, by_family=critical_path.by_family(path),
-                       by_kernel=critical_path.by_kernel(path), path_steps=critical_path.per_step(path))
+    # The path's rows are grouped once: the family and kernel medians start from the same
+    # per-step sums (the second grouping and the uniques run over thousands of rows, not 373k).
+    per = critical_path.per_step_kernel(path)
+    metrics = PathMetrics(path=path, graph=graph, slack=slack, by_family=critical_path.by_family(per),
+                          by_kernel=critical_path.by_kernel(per), path_steps=critical_path.per_step(path))
+    heap.trim()
+    return metrics
 
 
 @dataclass(frozen=True)
@@ -239,10 +250,12 @@ class OverlapMetrics:
 def overlap_metrics(stable_kernels: pl.DataFrame, steps: pl.DataFrame, n: int, cfg: Config) -> OverlapMetrics:
     """What the stable steps' kernels and their overlap across streams give, path aside."""
     overlap = step_overlap(stable_kernels)
+    heap.trim()  # as after the path's scans: the coverage's arrays
     return OverlapMetrics(
         overlap=overlap, families=families.family_table(overlap, n), kernels=kernels.kernel_table(overlap, n),
         step_times=steptimes.per_step(steps, overlap),
-        pdl_steps=pdl.per_step(pdl.same_stream_pairs(stable_kernels, cfg)), windows=pre_attention.windows(stable_kernels, cfg))
+        pdl_steps=pdl.per_step(pdl.same_stream_pairs(stable_kernels, cfg, named=False)),
+        windows=pre_attention.windows(stable_kernels, cfg))
 
 
 def label_notes(summary) -> list[str]:

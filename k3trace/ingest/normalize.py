@@ -55,18 +55,49 @@ _KERNEL_INTS = ["start", "end", "deviceId", "streamId", "globalPid", "correlatio
 #: x below 2^31, grid y and z below 2^16, block x and y at most 1024, block z at most 64).
 _PACKED = ((("_name_id", 31), ("gridX", 31)),
            (("gridY", 16), ("gridZ", 16), ("blockX", 11), ("blockY", 11), ("blockZ", 7)))
+#: The second packing, as the table source makes it while reading (one column, not five).
+_DIMS = "_launch1"
+_DIM_COLUMNS = [c for c, _ in _PACKED[1]]
+_KERNEL_READ = [c for c in _KERNEL_INTS if c not in _DIM_COLUMNS]
+
+
+def _read_kernels(src: TableSource) -> pl.DataFrame:
+    """The kernel table, its launch dimensions past grid x packed by the source into one
+    column (`_DIMS`): four columns fewer for SQLite and ADBC to hand over (a fifth of the
+    read). Where a row's do not pack (null, not integers, past CUDA's limits: a damaged
+    export), the table is read again with every column of its own, as validation expects."""
+    raw = src.read(KERNEL_TABLE, _KERNEL_READ, integers=_KERNEL_READ, packed={_DIMS: _PACKED[1]})
+    if raw[_DIMS].dtype.is_integer() and not raw[_DIMS].null_count():
+        return raw
+    return src.read(KERNEL_TABLE, _KERNEL_INTS, integers=_KERNEL_INTS)
+
+
+def _unpacked(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with its launch dimensions as columns again (where `_read_kernels` packed them)."""
+    if _DIMS not in frame.columns:
+        return frame
+    shift, dims = 0, {}
+    for col, bits in reversed(_PACKED[1]):
+        dims[col] = (pl.col(_DIMS) // (1 << shift)) % (1 << bits)
+        shift += bits
+    return frame.with_columns(expr.alias(col) for col, expr in dims.items()).drop(_DIMS)
 
 
 def _packed_launch(raw: pl.DataFrame) -> pl.DataFrame | None:
     """The launch columns (name id, grid, block) as two integers packing them losslessly, or
     None where a value is null or past the limits (a damaged export)."""
     for group in _PACKED:
+        if _DIMS in raw.columns and group is _PACKED[1]:
+            continue  # packed as read, each value checked there
         for col, bits in group:
             values = raw[col]
             if values.null_count() or (values.len() and not (values.min() >= 0 and values.max() < 1 << bits)):
                 return None
     packed = []
     for i, group in enumerate(_PACKED):
+        if _DIMS in raw.columns and group is _PACKED[1]:
+            packed.append(pl.col(_DIMS))
+            continue
         expr = pl.lit(0, pl.Int64)
         for col, bits in group:
             expr = expr * (1 << bits) + pl.col(col)
@@ -76,13 +107,15 @@ def _packed_launch(raw: pl.DataFrame) -> pl.DataFrame | None:
 
 def kernels(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, list[dict]]:
     """(kernels, rejected kernel rows, findings)."""
-    raw = src.read(KERNEL_TABLE, _KERNEL_INTS, integers=_KERNEL_INTS)
+    raw = _read_kernels(src)
     # Membership tests, not joins: a join gathers every column of the 400k-row table again.
     known = strings["id"].implode()
     raw = raw.with_columns(pl.col("shortName").is_in(known).alias("_has_name"))
     checks = validate.interval_checks(ids=("deviceId", "streamId", "globalPid", "correlationId"), negative=True)
     checks.append((validate.DANGLING_ISSUE, ~pl.col("_has_name")))
-    raw, bad, found = validate.split(raw, checks, "kernels", duplicates_on=_KERNEL_INTS)
+    # Rows equal on the packed dimensions are equal on the dimensions.
+    ints = _KERNEL_INTS if _DIMS not in raw.columns else [*_KERNEL_READ, _DIMS]
+    raw, bad, found = validate.split(raw, checks, "kernels", duplicates_on=ints)
     rejected = bad.select(pl.col("globalPid").alias("global_pid"), pl.col("correlationId").alias("correlation_id"),
                           pl.col("graphNodeId").alias("graph_node_id"), "start", "issue")
     # Signatures per distinct (name id, grid, block), resolved and hashed there, joined back;
@@ -96,16 +129,17 @@ def kernels(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.D
     # row encoding of seven took 600 MB at 2.5M kernels), or by the columns themselves.
     keyed = _packed_launch(raw)
     if keyed is None:
+        raw = _unpacked(raw)
         keyed = raw.select(keys)
     firsts = keyed.with_row_index("_row").unique(keyed.columns, keep="any")["_row"]
-    distinct = _resolve(raw.select(keys)[firsts], strings, "_name_id", "_full_name")
+    distinct = _resolve(_unpacked(raw[firsts]).select(keys), strings, "_name_id", "_full_name")
     signed = keyed[firsts].with_columns(schema.with_kernel_signature(distinct.select("_full_name", *_LAUNCH))["signature"])
     # Joined on the key columns alone (a left join keeps the row order), then set beside the
     # rest: joining the whole table would gather all its columns twice more (peak memory).
     name = _resolve(raw.select("shortName"), strings, "shortName", "name")["name"]
     signature = keyed.join(signed, on=keyed.columns, how="left", nulls_equal=True)["signature"]
     del keyed
-    frame = raw.drop(keys).with_columns(name, signature)
+    frame = raw.drop(*keys, _DIMS, strict=False).with_columns(name, signature)
     frame = frame.rename(
         {"deviceId": "device_id", "streamId": "stream_id", "globalPid": "global_pid",
          "correlationId": "correlation_id", "graphNodeId": "graph_node_id", "graphId": "graph_id"}

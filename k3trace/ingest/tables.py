@@ -21,7 +21,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import polars as pl
 
@@ -31,6 +31,9 @@ from k3trace.errors import ReportError
 MAX_TEXT_BYTES = 4096
 #: Per-row counts added by `read`: integer columns holding something else, text values cut.
 WRONG_TYPE, TRUNCATED = "_wrong_type", "_truncated"
+#: Columns packed into one integer by the source (`read(packed=...)`): per packed column,
+#: its source columns with the bits each takes, the first one highest.
+Packing = Mapping[str, Sequence[tuple[str, int]]]
 #: Large tables are read in parts on up to this many threads, each part at least this many
 #: rows (a part's connection and query set-up cost about as much as reading 10k rows).
 MAX_READERS, MIN_ROWS_PER_READER = 4, 32768
@@ -42,11 +45,37 @@ class TableSource(Protocol):
     def columns(self, table: str) -> frozenset[str]: ...
 
     def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
-             integers: Sequence[str] = ()) -> pl.DataFrame:
+             integers: Sequence[str] = (), packed: Packing = {}) -> pl.DataFrame:
         """The named columns of `table`; missing ones come back as nulls, text decoded and
         cut at MAX_TEXT_BYTES (TRUNCATED counts cut values per row), `integers` columns as
-        Int64 with non-integer values nulled (WRONG_TYPE counts them per row)."""
+        Int64 with non-integer values nulled (WRONG_TYPE counts them per row). Each
+        `packed` column, after those, holds its source columns in one Int64 (a source
+        column costs a read as much as a kept one), and is null in a row where one of them
+        is null, not an integer or past its bits (the caller reads them one by one then)."""
         ...
+
+
+def packed_value(sources: Sequence[tuple[str, int]]) -> pl.Expr:
+    """The packing of `read(packed=...)` in polars, for sources read as columns."""
+    fits = pl.all_horizontal(pl.col(c).is_between(0, (1 << bits) - 1) for c, bits in sources)
+    value = pl.lit(0, pl.Int64)
+    for col, bits in sources:
+        value = value * (1 << bits) + pl.col(col).cast(pl.Int64)
+    return pl.when(fits).then(value)
+
+
+def _packed_sql(sources: Sequence[tuple[str, int]], present: frozenset[str], checked: bool) -> str:
+    """The same in SQLite: a non-integer value is refused by its type where `checked`, else
+    by the result (text is past every number; a real makes the column real, which the
+    fast read refuses)."""
+    if any(c not in present for c, _ in sources):
+        return "NULL"
+    fits = " AND ".join((f"typeof(\"{c}\") = 'integer' AND " if checked else "")
+                        + f'"{c}" BETWEEN 0 AND {(1 << bits) - 1}' for c, bits in sources)
+    value = "0"
+    for col, bits in sources:
+        value = f'({value} * {1 << bits} + "{col}")'
+    return f"CASE WHEN {fits} THEN {value} END"
 
 
 def decode_text(column: pl.Series) -> pl.Series:
@@ -87,7 +116,7 @@ class SqliteTables:
 
     @staticmethod
     def _select(table: str, columns: Sequence[str], present: frozenset[str], text: Sequence[str],
-                integers: Sequence[str]) -> str:
+                integers: Sequence[str], packed: Packing = {}) -> str:
         select, wrong, cut = [], [], []
         for col in columns:
             if col not in present:
@@ -103,6 +132,8 @@ class SqliteTables:
                 wrong.append(f'(typeof("{col}") NOT IN (\'integer\', \'null\'))')
             else:
                 select.append(f'"{col}"')
+        for name, sources in packed.items():
+            select.append(f'{_packed_sql(sources, present, checked=bool(integers))} AS "{name}"')
         if integers:
             select.append(f'({" + ".join(wrong) or "0"}) AS "{WRONG_TYPE}"')
         if text:
@@ -168,9 +199,9 @@ class SqliteTables:
             return self._query_part(table, query)
 
     def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
-             integers: Sequence[str] = ()) -> pl.DataFrame:
+             integers: Sequence[str] = (), packed: Packing = {}) -> pl.DataFrame:
         present = self.columns(table)
-        requested = list(columns)
+        requested = [*columns, *packed]
         # Columns this export lacks are added as typed nulls afterwards, not selected as
         # NULL: a constant column costs SQLite and ADBC as much as a real one (10% of the
         # kernel table's read for nsys 2022-2025's missing graphId).
@@ -185,23 +216,24 @@ class SqliteTables:
             # values change type, so a read that comes back with integer columns holds no
             # other value (checking typeof() per value in SQL costs 3x the read).
             try:
-                frame = self._query(table, self._select(table, columns, present, text, ()))
+                frame = self._query(table, self._select(table, columns, present, text, (), packed))
             except ReportError:
                 frame = None
             if frame is not None and not all(frame.schema[c].is_integer() or frame.schema[c] == pl.Null
-                                             for c in integers if c in present):
+                                             for c in [*(c for c in integers if c in present), *packed]):
                 frame = None
             if frame is not None:
                 frame = frame.with_columns(pl.lit(0, pl.Int64).alias(WRONG_TYPE))
         if frame is None:
-            frame = self._query(table, self._select(table, columns, present, text, integers))
+            frame = self._query(table, self._select(table, columns, present, text, integers, packed))
         assert isinstance(frame, pl.DataFrame)
         if missing:
-            extra = [c for c in frame.columns if c not in columns]
+            extra = [c for c in frame.columns if c not in requested]
             frame = frame.with_columns(pl.lit(None, pl.String if c in text else pl.Int64).alias(c) for c in missing)
             frame = frame.select(*requested, *extra)
         frame = frame.with_columns(decode_text(frame[c]) for c in text if c in frame.columns)
-        return frame.with_columns(pl.col(c).cast(pl.Int64, strict=False) for c in integers if c in present)
+        return frame.with_columns(pl.col(c).cast(pl.Int64, strict=False)
+                                  for c in [*(c for c in integers if c in present), *packed])
 
 
 @dataclass
@@ -232,8 +264,24 @@ class ParquetDirTables:
             raise self._failed(table, exc) from None
 
     def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
-             integers: Sequence[str] = ()) -> pl.DataFrame:
+             integers: Sequence[str] = (), packed: Packing = {}) -> pl.DataFrame:
         present = self.columns(table)
+        frame = self._read(table, columns, text, integers, present)
+        # Read as they are and packed here: a Parquet read has nothing to save by it.
+        return frame.with_columns(self._packed(table, present, sources, frame.height).alias(name)
+                                  for name, sources in packed.items())
+
+    def _packed(self, table: str, present: frozenset[str], sources: Sequence[tuple[str, int]],
+                rows: int) -> pl.Series:
+        """One `packed` column: of integer columns only, as SQLite's packing."""
+        if all(c in present for c, _ in sources):
+            raw = self._read(table, [c for c, _ in sources], (), (), present)
+            if all(raw.schema[c].is_integer() for c, _ in sources):
+                return raw.select(packed_value(sources)).to_series()
+        return pl.Series([None] * rows, dtype=pl.Int64)
+
+    def _read(self, table: str, columns: Sequence[str], text: Sequence[str], integers: Sequence[str],
+              present: frozenset[str]) -> pl.DataFrame:
         try:
             frame = pl.read_parquet(self._files[table], columns=[c for c in columns if c in present])
         except Exception as exc:

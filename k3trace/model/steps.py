@@ -148,7 +148,9 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
 
 
 def _step_table(kernels: pl.DataFrame, signature: pl.Expr | None) -> pl.DataFrame:
-    stepped = kernels.filter(pl.col("step").is_not_null())
+    # Lazy, so that the filter carries only the columns the grouping reads (eager, it
+    # gathered all two dozen of the kernels' columns).
+    stepped = kernels.lazy().filter(pl.col("step").is_not_null())
     # Without graph ids a step's signature is its kernel-name sequence in launch order.
     sig = signature if signature is not None else (
         pl.col("name").sort_by("launch_rank").str.join("|").hash().cast(pl.String)
@@ -162,6 +164,7 @@ def _step_table(kernels: pl.DataFrame, signature: pl.Expr | None) -> pl.DataFram
             sig.alias("signature"),
         )
         .sort("step")
+        .collect()
     )
 
 
