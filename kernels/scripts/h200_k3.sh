@@ -32,6 +32,17 @@ rec() {  # name, args... : one nsys recording of the decode loop
   echo "$name rc=$? $(tail -1 /tmp/rec/$name.log | cut -c1-300)"
 }
 
+test_time_record() {  # op tests (-k), tag, name, build: a fifth-round change on C20, A/B'd and recorded
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
+    -k "$1 or matches_reference or kernel_nodes" 2>&1 | tee $OUT/gpu$2.log | tail -1
+  timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $4 $C20 $4 \
+    --json $OUT/step$2.json 2>&1 | grep "B="
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_$3_$r --steps 40 --variant $4; done
+  pack k3_$3
+}
+
 pack() {  # archive name: every .qdstrm + json + log under /tmp/rec, xz-compressed, split to 15 MB
   (cd /tmp/rec && tar cf - *.json *.log *.qdstrm 2>/dev/null) | xz -T0 -6 | split -b 15000000 -d - "$OUT/$1.tar.xz.part"
   ls -la "$OUT"
@@ -286,23 +297,9 @@ campaign16)  # the skinny GEMM's configs re-picked one call at a time (not back 
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --skinny-table $OUT/ops16_b1.json \
     --variants $C20 $C20@skinny $C20 $C20@skinny --json $OUT/step16.json 2>&1 | grep "B=" ;;
 campaign17)  # attn_res_in_o_proj: its op and model GPU tests, C20 / C23 interleaved, C23 recorded (2 runs)
-  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
-    -k "o_proj_epilogue or attn_res or matches_reference or kernel_nodes" 2>&1 | tee $OUT/gpu17.log | tail -1
-  timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C23 $C20 $C23 \
-    --json $OUT/step17.json 2>&1 | grep "B="
-  mkdir -p /tmp/rec && rm -f /tmp/rec/*
-  for r in a b; do rec k3_full_c23_$r --steps 40 --variant $C23; done
-  pack k3_c23 ;;
+  test_time_record "o_proj_epilogue or attn_res" 17 c23 $C23 ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)
-  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
-    -k "front_router or matches_reference or kernel_nodes" 2>&1 | tee $OUT/gpu13b.log | tail -1
-  timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C22 $C20 $C22 \
-    --json $OUT/step13c.json 2>&1 | grep "B="
-  mkdir -p /tmp/rec && rm -f /tmp/rec/*
-  for r in a b; do rec k3_full_c22_$r --steps 40 --variant $C22; done
-  pack k3_c22 ;;
+  test_time_record "front_router" 13c c22 $C22 ;;
 campaign7_rec)  # the kept builds recorded at full depth (2 runs each); B = 8, 64 against baseline
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
