@@ -454,6 +454,42 @@ def moe_tail(B: int, calls: int) -> dict[str, float]:
                                                          skinny_mm(lat_n, ups[i % len(ups)], out)), calls)}
 
 
+#: Variant linear_tma: the skinny GEMMs of the c20 step at one token, and the TMA configs
+#: tried beside each one's committed config (block_n, block_k, warps, stages).
+TMA_SHAPES = {"moe front (rest)": (7168, 5120, 6016, 92), "kda qkvg": (7168, 6144, 6144, 69),
+              "moe up": (3584, 7168, 7168, 92), "o_proj": (1536, 7168, 7168, 93)}
+TMA_SWEEP = [(64, 256, 8, 4), (64, 256, 4, 4), (64, 128, 4, 6), (64, 128, 4, 8), (128, 128, 8, 4),
+             (128, 256, 8, 3), (32, 256, 4, 6), (64, 64, 4, 8)]
+
+
+def linear_tma(B: int, calls: int) -> dict[str, float]:
+    """Variant linear_tma: each skinny GEMM at its committed config with pointer loads and
+    with TMA, back to back and one call at a time, then TMA over TMA_SWEEP one call at a time
+    (what the step's critical path pays). The front's rest is a column slice, as in the step."""
+    from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, skinny_mm
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    res = {}
+    for name, (K, N, wide, _) in TMA_SHAPES.items():
+        n = _copies(K * wide * 2)
+        ws = [(torch.randn(K, wide, device="cuda", dtype=BF, generator=g) * K ** -0.5)[:, wide - N:]
+              for _ in range(n)]
+        x = torch.randn(B, K, device="cuda", dtype=BF, generator=g)
+        out = torch.empty(B, N, device="cuda", dtype=BF)
+        now = SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
+        for tma in (False, True):
+            tag = f"{name} {'tma' if tma else 'pointer'} {now}"
+            res[tag + " back to back"] = per_call_us(lambda i, t=tma: skinny_mm(x, ws[i % n], out, tma=t), calls)
+            res[tag + " one call"] = single_call_us(lambda i, t=tma: skinny_mm(x, ws[i % n], out, tma=t), n)
+        for cfg in TMA_SWEEP:
+            if cfg != now:
+                res[f"{name} tma {cfg} one call"] = _try_us(
+                    lambda i, c=cfg: skinny_mm(x, ws[i % n], out, config=c, tma=True), calls, n)
+        del ws
+        torch.cuda.empty_cache()
+    return res
+
+
 def _copies(nbytes: int) -> int:
     return max(2, -(-240_000_000 // nbytes))  # > 4x the L2 in flight across the calls
 
@@ -631,7 +667,8 @@ def main() -> int:
             "attn_res_rows": lambda: attn_res_rows(B, 50), "moe_tail_fused": lambda: moe_tail(B, args.calls),
             "kda_conv_fused": lambda: kda_conv(B, args.calls), "mla_proj_merged": lambda: mla_proj(B, args.calls),
             "router_in_front": lambda: front_router(B, args.calls),
-            "attn_res_in_o_proj": lambda: o_proj_score(B, args.calls)}
+            "attn_res_in_o_proj": lambda: o_proj_score(B, args.calls),
+            "linear_tma": lambda: linear_tma(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

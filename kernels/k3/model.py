@@ -492,7 +492,7 @@ class K3Decode:
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         if P.linear_is_triton(self.cfg, self.variant, subop):
             self._triton(subop, skinny_mm, a, w, out, early_weights=self.variant.linear_early_weights,
-                         split_k=self._split_for(subop))
+                         split_k=self._split_for(subop), tma=self.variant.linear_tma)
             return
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
         with self._subop(subop):

@@ -45,6 +45,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "triton_mla_proj": ("triton_mla_proj", True),          # the MLA's narrow GEMMs, split-K skinny
     "router_in_front": ("router_in_front", True),          # the router inside the front GEMM's launch
     "attn_res_in_o_proj": ("attn_res_in_o_proj", True),    # the pre-MLP score in the o_proj's epilogue
+    "linear_tma": ("linear_tma", True),                    # the skinny GEMMs' weights by TMA descriptor
 }
 
 DELAY_PREFIX = "delay"
@@ -84,6 +85,7 @@ class Variant:
                                      # GEMM's first programs make the logits, its last one routes
     attn_res_in_o_proj: bool = False  # B = 1, skinny o_proj + attn_res_dot: the o_proj's epilogue adds
                                       # its output to the partial and scores its columns (no score launch)
+    linear_tma: bool = False         # with triton_linear: the skinny GEMMs stream their weight tiles by TMA
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down

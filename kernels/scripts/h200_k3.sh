@@ -85,6 +85,8 @@ C21=$C20+triton_mla_proj
 C22=$C20+router_in_front
 # router_in_front was even (campaign13): the chain goes on from C20; the pre-MLP score in the o_proj.
 C23=$C20+attn_res_in_o_proj
+# Sixth round: the skinny GEMMs' weight tiles by TMA descriptor.
+C24=$C20+linear_tma
 
 case $phase in
 campaign_test)
@@ -296,6 +298,13 @@ campaign16)  # the skinny GEMM's configs re-picked one call at a time (not back 
     --json $OUT/ops16_b1.json 2>&1 | grep "^linear"
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --skinny-table $OUT/ops16_b1.json \
     --variants $C20 $C20@skinny $C20 $C20@skinny --json $OUT/step16.json 2>&1 | grep "B=" ;;
+campaign18)  # linear_tma: the skinny GPU tests, the TMA case and its config sweep, C20 / C24 interleaved
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py -k skinny 2>&1 \
+    | tee $OUT/gpu18.log | tail -1
+  timeout 240 python3 bench/bench_k3_ops.py --batch 1 --cases linear_tma --json $OUT/ops18_b1.json 2>&1 \
+    | tee $OUT/ops18_b1.log
+  timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C24 $C20 $C24 \
+    --json $OUT/step18.json 2>&1 | grep "B=" ;;
 campaign17)  # attn_res_in_o_proj: its op and model GPU tests, C20 / C23 interleaved, C23 recorded (2 runs)
   test_time_record "o_proj_epilogue or attn_res" 17 c23 $C23 ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)

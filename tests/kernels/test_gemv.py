@@ -46,6 +46,10 @@ def run_skinny(B, K, N, device, w_cols=None):
     early = torch.empty_like(out)  # variant linear_early_weights: the same sums, bit for bit
     skinny_mm(x, w, early, early_weights=True)
     assert torch.equal(early, out)
+    if w.data_ptr() % 16 == 0 and w.stride(0) % 8 == 0:  # TMA's alignment (every K3 weight has it)
+        tma = torch.empty_like(out)  # variant linear_tma: the same tiles, by descriptor
+        skinny_mm(x, w, tma, tma=True)
+        assert torch.equal(tma, out)
     run_split(x, w, out)
 
 
@@ -65,7 +69,8 @@ def run_split(x, w, unsplit, splits=(2, 3, 5)):
         torch.testing.assert_close(a.double(), unsplit.double(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("B,K,N,cols", [(1, 300, 40, None), (3, 512, 100, 130), (16, 256, 64, None)])
+@pytest.mark.parametrize("B,K,N,cols", [(1, 300, 40, None), (3, 512, 100, 130), (16, 256, 64, None),
+                                        (2, 260, 72, 136)])
 def test_skinny_mm_cpu(B, K, N, cols):
     """Variant triton_linear's GEMM vs float64 (ragged K and N, a strided column slice)."""
     if torch.cuda.is_available():

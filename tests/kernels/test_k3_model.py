@@ -59,7 +59,7 @@ NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits",
         "triton_linear+triton_mla_proj"]
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused", "kda_conv_fused",
-                     "moe_sum_norm_fused", "router_in_front", "attn_res_in_o_proj"])
+                     "moe_sum_norm_fused", "router_in_front", "attn_res_in_o_proj", "linear_tma"])
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -194,6 +194,16 @@ def test_linear_early_weights_bitwise_to_triton_linear():
     one = TINY_BLOCKS.with_(batch=1)
     assert_same(run_steps(K3Decode(one, parse("triton_linear"), "cpu"), 1),
                 run_steps(K3Decode(one, parse("triton_linear+linear_early_weights"), "cpu"), 1))
+
+
+@cpu
+def test_linear_tma_bitwise_to_triton_linear():
+    # The same weight tiles by descriptor instead of pointer loads, at B = 1 and B = 2, the
+    # o_proj's skinny GEMM included.
+    for B in (1, 2):
+        cfg = TINY_BLOCKS.with_(batch=B)
+        assert_same(run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj"), "cpu"), 1),
+                    run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj+linear_tma"), "cpu"), 1))
 
 
 @cpu

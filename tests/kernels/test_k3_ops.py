@@ -720,6 +720,7 @@ import os, re, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.k3.ops import attn_res, gemv, kda, mla, moe, norm, prefetch
 
 calls = []
@@ -806,6 +807,7 @@ for B in (1, 8, 64):
         for (K, N), cfg in [((H, 5120), None), *gemv.SKINNY_CONFIGS.items()]:
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg)
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg, early_weights=True)
+            gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg, tma=True)  # linear_tma
             gemv.skinny_mm(e(B, K), e(K, N), e(B, N), config=cfg, split_k=gemv.alloc_split_k(N, "meta"), splits=3)
         for (K, N) in gemv.MLA_SPLITS:  # variant triton_mla_proj: its own splits
             gemv.skinny_mm(e(B, K), e(K, N), e(B, N), split_k=gemv.alloc_split_k(N, "meta"))
@@ -837,6 +839,8 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
             sig[name], consts[name] = "constexpr", meta[name] if prm.is_constexpr else v
         elif isinstance(v, torch.Tensor):
             sig[name], attrs[(i,)] = "*" + TY[v.dtype], [["tt.divisibility", 16]]
+        elif isinstance(v, TensorDescriptor):  # variant linear_tma's weight descriptor
+            sig[name] = f"tensordesc<{TY[v.base.dtype]}{list(v.block_shape)}>"
         elif isinstance(v, float):
             sig[name] = "fp32"
         else:
@@ -859,11 +863,14 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr))
     regs = re.findall(r"Used (\d+) registers", r.stderr)
     pdl = "griddepcontrol.wait" in ptx and "globaltimer" in ptx
-    print(kernel.__name__, "regs", regs, "spills", spills, "smem", k.metadata.shared, "pdl", pdl)
+    print(kernel.__name__, "regs", regs, "spills", spills, "smem", k.metadata.shared, "pdl", pdl,
+          {k: v for k, v in consts.items() if k.isupper()} if spills else "", opts if spills else "")
     if meta.get("PF_CHUNKS"):  # the bulk L2 prefetch survived to the PTX
         pdl = pdl and "cp.async.bulk.prefetch.L2.global" in ptx
     if kernel.__name__ == "attn_res_fused_kernel":  # the grid barrier's release / acquire
         pdl = pdl and "atom.global.gpu.release" in ptx and ".gpu.acquire" in ptx
+    if consts.get("TMA"):  # variant linear_tma: the weight tiles by bulk tensor copies
+        pdl = pdl and "cp.async.bulk.tensor" in ptx
     if kernel.__name__ == "moe_front_router_kernel":  # the tickets' acq_rel arrivals
         pdl = pdl and "atom.global.gpu.acq_rel.add" in ptx
     if r.returncode or spills or not pdl:

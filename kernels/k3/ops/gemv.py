@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.k3.plan import SKINNY_MAX_B  # one MMA tile of tokens; torch.mm beyond
 from kernels.k3.ops.attn_res import gemm_scores_shape, gram_of_columns
@@ -61,8 +62,8 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 # --------------------------------------------------------------------------------------
 @triton.jit
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
-                     sumsq, n_sumsq, ws, tickets, k_per, bank, n_rows, stride_br, query, scores,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     sumsq, n_sumsq, ws, tickets, k_per, bank, n_rows, stride_br, query, scores, w_desc,
+                     TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
                      SPLIT_K: tl.constexpr, GRAM: tl.constexpr, FOLD: tl.constexpr, R: tl.constexpr,
                      W: tl.constexpr, T: tl.constexpr, DOT_F32: tl.constexpr,
@@ -74,6 +75,8 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     # SPLIT_K > 1 (variant linear_split_k): program (n, s) streams K rows [s k_per, (s+1)
     # k_per) and leaves its fp32 partial in ws; the last of a column block's SPLIT_K
     # programs to finish adds the partials in split order (deterministic) and stores.
+    # TMA (variant linear_tma): the weight tiles stream through w_desc, a host tensor
+    # descriptor over w (block [BLOCK_K, BLOCK_N]; out-of-range rows and columns read 0).
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = ns < N
     ms = tl.arange(0, BLOCK_M)
@@ -124,7 +127,8 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
             xt = tl.where(ms[:, None] == 0, xg[None, :], tl.zeros_like(xg)[None, :])
             acc = dot(xt, wt, acc, DOT_F32)
     else:
-        acc = skinny_k_rows(acc, x_rows, w_cols, mm, nm, K, k_first, k_end, stride_w, BLOCK_K, EVEN_K, DOT_F32)
+        acc = skinny_k_rows(acc, x_rows, w_cols, mm, nm, K, k_first, k_end, stride_w, BLOCK_K, EVEN_K, DOT_F32,
+                            w_desc, tl.program_id(0) * BLOCK_N, TMA)
     if MIX_K > 0:
         acc = acc * tl.rsqrt(tl.sum(sumsq, 0) / K + eps)
     if NSQ > 0:
@@ -150,13 +154,19 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
 
 @triton.jit
 def skinny_k_rows(acc, x_rows, w_cols, mm, nm, K, k_first, k_end, stride_w, BLOCK_K: tl.constexpr,
-                  EVEN_K: tl.constexpr, DOT_F32: tl.constexpr):
+                  EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, w_desc=None, n0=0, TMA: tl.constexpr = False):
     """acc + x[:, k_first:k_end] @ w[k_first:k_end, cols]: the skinny GEMM's K stream
-    (`x_rows`: the token rows' pointers [BLOCK_M, 1], `w_cols`: the columns' [1, BLOCK_N])."""
+    (`x_rows`: the token rows' pointers [BLOCK_M, 1], `w_cols`: the columns' [1, BLOCK_N];
+    TMA: the weight tiles from `w_desc` at column `n0` instead, the same values)."""
     kr = tl.arange(0, BLOCK_K)
     for k0 in range(k_first, k_end, BLOCK_K):
         ks = k0 + kr
-        if EVEN_K:
+        if TMA:
+            # One bulk copy per tile into shared memory, where the MMA reads it: no
+            # per-thread address math or register staging for the 32 KB of each stage.
+            wt = w_desc.load([k0, n0])
+            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None] & (ks[None, :] < K), other=0.0)
+        elif EVEN_K:
             wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=nm[None, :], other=0.0)
             xt = tl.load(x_rows + ks[None, :], mask=mm[:, None], other=0.0)
         else:
@@ -236,10 +246,19 @@ def alloc_split_k(max_n: int, device) -> SplitK:
                   torch.zeros(triton.cdiv(max_n, 16), device=device, dtype=torch.int32))
 
 
+def weight_descriptor(w: torch.Tensor, block_k: int, block_n: int) -> TensorDescriptor:
+    """A TMA descriptor over w [K, N] (unit column stride; a column slice of a wider weight
+    is fine) in [block_k, block_n] tiles. TMA needs the base and the row pitch 16-byte
+    aligned: every K3 weight and its column slices are (their offsets are multiples of 64
+    columns)."""
+    assert w.stride(1) == 1 and w.data_ptr() % 16 == 0 and (w.stride(0) * w.element_size()) % 16 == 0
+    return TensorDescriptor(w, shape=list(w.shape), strides=[w.stride(0), 1], block_shape=[block_k, block_n])
+
+
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
               config: tuple[int, int, int, int] | None = None, rms_of: tuple | None = None,
               early_weights: bool = False, split_k: SplitK | None = None, splits: int | None = None,
-              gram: tuple | None = None, delay_ns: int = 0) -> torch.Tensor:
+              gram: tuple | None = None, tma: bool = False, delay_ns: int = 0) -> torch.Tensor:
     """out = x @ w for B <= SKINNY_MAX_B tokens; w [K, N] with unit column stride (a
     column slice of a wider weight is fine), x and out row-strided. `rms_of = (sumsq, eps)`
     (variant latent_norm_folded): out[b] = x[b] @ w / rms(x[b]), the RMS from sumsq fp32
@@ -252,7 +271,9 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     n_rows, query, scores, fold)` (variant attn_res_in_o_proj, one token, out the attention
     output): the epilogue does the next aggregation's score kernel's work on its columns
     (fold: the output is added to bank[n_rows-1]; else `out` is that row), its partials
-    into `scores` (attn_res.gemm_scores_shape with this GEMM's block_n)."""
+    into `scores` (attn_res.gemm_scores_shape with this GEMM's block_n). `tma` (variant
+    linear_tma): the weight streams through a TMA tensor descriptor (w 16-byte aligned, its
+    row pitch too) where block_n spans 128 bytes; the same products in the same order."""
     B, K = x.shape
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
@@ -262,6 +283,9 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
         split_cfg, split_n = {**SKINNY_SPLITS, **MLA_SPLITS}.get((K, N), (None, 1))
     bn, bk, warps, stages = config or split_cfg or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     S = splits or split_n
+    # TMA where a tile row is a whole 128-byte swizzle line: at block_n 32 (64-byte rows; the
+    # merged MLA projection) its kernel spilled, so narrower tiles keep the pointer loads.
+    tma = tma and bn * w.element_size() >= 128
     sumsq, eps = rms_of if rms_of is not None else (out, 0.0)
     n_sq = sumsq.shape[1] if rms_of is not None else 0
     assert rms_of is None or (sumsq.shape[0] == B and sumsq.is_contiguous() and sumsq.dtype == torch.float32)
@@ -280,7 +304,8 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     R = next_pow2(bank.shape[0]) if gram is not None else 1
     launch(skinny_mm_kernel, (triton.cdiv(N, bn), S), x, w, out, B, K, N, x.stride(0), w.stride(0),
            out.stride(0), x, x, eps, sumsq, n_sq, ws, tickets, k_per, bank, n_rows,
-           bank.stride(0) if gram is not None else 0, query, scores, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+           bank.stride(0) if gram is not None else 0, query, scores,
+           weight_descriptor(w, bk, bn) if tma else w, TMA=tma, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
            EVEN_K=K % bk == 0, MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, SPLIT_K=S,
            GRAM=gram is not None, FOLD=bool(fold), R=R, W=next_pow2(R + 1), T=max(16, next_pow2(R + 1)),
            DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
@@ -302,7 +327,8 @@ def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor
     assert w.shape[0] == K and out.shape == (1, N) and y.stride(1) == 1 and w.stride(1) == 1
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
-           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, BLOCK_M=16, BLOCK_N=bn,
+           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, w, TMA=False, BLOCK_M=16,
+           BLOCK_N=bn,
            BLOCK_K=bk, EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, SPLIT_K=1, GRAM=False, FOLD=False, R=1,
            W=2, T=16, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
