@@ -17,12 +17,14 @@ reproduces the mean step within max(2%, noise), and zero-change pairs are within
 
 from __future__ import annotations
 
+import os
 import statistics
 
 import polars as pl
 import pytest
 
 from k3trace.diff import diff
+from k3trace.render.terminal import diff_markdown, render_diff
 from k3trace.diff.noise import FASTER, SLOWER, WITHIN_NOISE
 
 import reference  # tests/reference.py (pytest puts tests/ on sys.path)
@@ -127,6 +129,14 @@ def check_changed(d, changed, truth_us, *, drift_us=0.0):
     assert abs(got - truth_us) <= max(0.10 * abs(truth_us), band), (got, truth_us)
     untouched = d.modelled_us - got
     assert abs(untouched) <= max(0.10 * abs(d.span_delta_us), band, abs(drift_us) + band), (untouched, drift_us)
+
+
+def render_text(d) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console.print(render_diff(d))
+    return console.export_text()
 
 
 # -- the K3 decode path ---------------------------------------------------------------------
@@ -290,6 +300,69 @@ def test_campaign_add3_folded_into_the_next_score(analysis, ref):
     truth = kernel_time_us(ref(new), names) - kernel_time_us(ref(old), names)
     check_changed(d, changed, truth, drift_us=drift_us(ref(old), ref(new), names))
     assert d.verdict_span == FASTER
+
+
+def followers(r, name, before, family):
+    """The `name` kernels of `family` that run right after a `before` kernel on their stream:
+    (mean over stable steps of their summed time in us, how many of them start at most the
+    PDL gap after that kernel's end (settings' pdl_max_gap_ns: a PDL edge), how many there are)."""
+    gap = reference.settings()["pdl_max_gap_ns"]
+    per_step, pdl, n = [], 0, 0
+    for s in r.stable:
+        last, time = {}, 0
+        for k in sorted(s.kernels, key=lambda k: k.start):
+            prev = last.get(k.stream)
+            if k.name == name and k.family == family and prev is not None and prev.name == before:
+                time += k.dur
+                n += 1
+                pdl += k.start - prev.end <= gap
+            last[k.stream] = k
+        per_step.append(time)
+    return statistics.mean(per_step) / 1e3, pdl, n
+
+
+def test_early_trigger_rows_that_traded_are_read_together(analysis, ref):
+    # pdl_early_trigger (c6 -> c7): every Triton kernel triggers its dependents right after
+    # its wait. A dependent then starts at its primary's trigger, and the rows record the rest
+    # of the primary's work as the dependent's time: the routed situ_mul grew, the grouped
+    # GEMM before it fell, by far more than their sum (the truth: summed from the raw rows).
+    old, new = "k3_bs1_c6", "k3_bs1_c7"
+    r_old, r_new = ref(old), ref(new)
+    situ_old, _, _ = followers(r_old, "situ_mul_kernel", "moe_grouped_gemm_kernel", "moe")
+    situ_new, pdl, n = followers(r_new, "situ_mul_kernel", "moe_grouped_gemm_kernel", "moe")
+    assert n and pdl == n  # the routed situ_mul follows grouped GEMM1 by PDL in every MoE layer
+    situ = situ_new - situ_old
+    gemm = (kernel_time_us(r_new, {"moe_grouped_gemm_kernel"}, "moe")
+            - kernel_time_us(r_old, {"moe_grouped_gemm_kernel"}, "moe"))
+    assert situ > 50 and gemm < -50 and abs(situ + gemm) < min(abs(situ), abs(gemm)) / 2, (situ, gemm)
+    d = diff([analysis(old)], [analysis(new)])
+    check_replay(d)
+    groups = {frozenset((r["edit"], r["family"]) for r in g["rows"]): g for g in d.read_together()}
+    pair = groups[frozenset({("situ_mul_kernel", "moe"), ("moe_grouped_gemm_kernel", "moe")})]
+    band = d.span_noise_band_us
+    # The rows as the raw rows moved: situ_mul (the larger) up, the GEMM down; together less
+    # than either, as in the raw rows.
+    assert [r["edit"] for r in pair["rows"]] == ["situ_mul_kernel", "moe_grouped_gemm_kernel"]
+    assert pair["rows"][0]["contribution_us"] > 0 > pair["rows"][1]["contribution_us"]
+    assert abs(pair["sum_us"]) < min(abs(r["contribution_us"]) for r in pair["rows"])
+    conv_pair = frozenset({("kda_conv_silu_kernel", "kda"), ("skinny_mm_kernel", "kda")})
+    assert conv_pair in groups and abs(groups[conv_pair]["sum_us"]) < 5 * band
+    # Every pair: opposite signs, the smaller row at least half the larger, each beyond noise.
+    for g in d.read_together():
+        a, b = (r["contribution_us"] for r in g["rows"])
+        assert a * b < 0 and min(abs(a), abs(b)) >= max(abs(a), abs(b)) / 2 and min(abs(a), abs(b)) > band
+        assert g["sum_us"] == pytest.approx(a + b)
+    assert "read together" in render_text(d) and "Read together" in diff_markdown(d)
+    assert d.to_json()["read_together"] == d.read_together()
+
+
+def test_no_rows_read_together_without_a_trade(analysis):
+    # A zero-change pair (K3, every kernel PDL-launched) and a fusion in eager-style torch
+    # kernels: nothing traded across a PDL edge beyond the noise.
+    for old, new in (("k3_bs1_base_a", "k3_bs1_base_b"), ("hf_base_a", "hf_norm_fused_a")):
+        d = diff([analysis(old)], [analysis(new)])
+        assert d.read_together() == [], (old, new)
+        assert "read together" not in render_text(d)
 
 
 def test_epilogue_split_is_a_relaunch_of_the_q_concat_kernel(analysis):

@@ -19,6 +19,7 @@ import polars as pl
 from k3trace.analyses import Analysis
 from k3trace.diff import noise
 from k3trace.diff.attribution import Attribution, attribute
+from k3trace.diff.coupling import FLOOR_NS
 from k3trace.diff.edits import STRUCTURE
 from k3trace.diff.matching import ADDED, MATCHED, ONLY_NEW, ONLY_OLD, REMOVED, match_nodes
 
@@ -53,6 +54,7 @@ class Diff:
     orders: int
     families: pl.DataFrame          # family, <field>_old, <field>_new
     pre_attention: dict[str, dict[str, float | int] | None]
+    pdl_coupled: pl.DataFrame       # group, player, edit, kind, family, layers, contribution_us (coupling.py)
 
     @property
     def verdict(self) -> str:
@@ -141,6 +143,18 @@ class Diff:
             "edit": pl.String, "edit_kind": pl.String, "detail": pl.String, "family": pl.String,
             "layers": pl.List(pl.Int64), "stderr_us": pl.Float64}, orient="row")
 
+    def read_together(self) -> list[dict[str, Any]]:
+        """The groups of attribution rows whose recorded time traded across PDL edges
+        (coupling.py), largest |sum| first: each its `rows` (edit, kind, family, layers,
+        contribution_us, by |contribution|) and `sum_us`, what the trace supports for them
+        together."""
+        out = []
+        for (_,), rows in self.pdl_coupled.group_by("group", maintain_order=True):
+            rows = rows.sort(pl.col("contribution_us").abs(), descending=True)
+            out.append({"rows": rows.select("edit", "kind", "family", "layers", "contribution_us").to_dicts(),
+                        "sum_us": float(rows["contribution_us"].sum())})
+        return out
+
     def edit_breakdown(self) -> dict[int, dict[str, Any]]:
         """Per attribution row (player): `kinds`, its elementary edits counted by kind
         ({"duration": 6, "gap": 1}), and `details`, the distinct details of them as a list
@@ -206,6 +220,7 @@ class Diff:
                 for r in self.families.iter_rows(named=True)
             ],
             "pre_attention_window_us": self.pre_attention,
+            "read_together": self.read_together(),
         }
 
 
@@ -264,7 +279,12 @@ def diff(old: Sequence[Analysis], new: Sequence[Analysis], *, seed: int = 0) -> 
     g_old, g_new = rep_old.graph, rep_new.graph
     mean_delta = (rep_new.step_times["span"].mean() - rep_old.step_times["span"].mean()) / 1e3
     match = match_nodes(g_old, g_new)
-    attr = attribute(g_old, g_new, match, seed=seed)
+    # A coupled pair's rows must each lie beyond the span's noise band (coupling.py).
+    attr = attribute(g_old, g_new, match, seed=seed,
+                     coupling_floor_ns=max(FLOOR_NS, (span_band or 0.0) * 1e3))
+    table = _table(attr, span_delta)
+    coupled = attr.coupled.join(table.select("player", "edit", "kind", "family", "layers", "contribution_us"),
+                                on="player").sort("group", "player")
     modelled = attr.modelled_ns / 1e3
     values = (itl, span_delta, host, modelled, attr.base_span_ns, mean_delta)
     if not all(math.isfinite(v) for v in values):  # a bug, never a number to print
@@ -274,13 +294,14 @@ def diff(old: Sequence[Analysis], new: Sequence[Analysis], *, seed: int = 0) -> 
         itl_delta_us=itl, span_delta_us=span_delta, host_delta_us=host,
         noise_band_us=band, span_noise_band_us=span_band, noise_source=source,
         verdict_itl=noise.verdict(itl, band), verdict_span=noise.verdict(span_delta, span_band),
-        matching=match, attribution=_table(attr, span_delta), edits=attr.edits,
+        matching=match, attribution=table, edits=attr.edits,
         base_span_us=attr.base_span_ns / 1e3, modelled_us=modelled, mean_span_delta_us=mean_delta,
         residual_us=mean_delta - modelled,
         exact=attr.exact, orders=attr.orders,
         families=_families(old, new),
         pre_attention={"old": _representative(old).pre_attention_summary,
                        "new": _representative(new).pre_attention_summary},
+        pdl_coupled=coupled,
     )
 
 

@@ -18,6 +18,7 @@ import polars as pl
 from k3trace.analyses.stepgraph import StepGraph
 from k3trace.diff import edits as edit_script
 from k3trace.diff import replay
+from k3trace.diff.coupling import FLOOR_NS, pdl_coupled
 from k3trace.diff.shapley import ShapleyValues, shapley
 
 
@@ -28,6 +29,7 @@ TOLERANCE_NS, TOLERANCE_SHARE = 20.0, 0.002
 class Attribution:
     players: pl.DataFrame      # player, kind, detail, family, label, layers, edits, kernels, contribution_ns, stderr_ns
     edits: pl.DataFrame        # elementary edits with their player
+    coupled: pl.DataFrame      # group, player: players whose recorded time traded across PDL edges
     base_span_ns: float        # replayed old span
     new_span_ns: float         # replayed with every edit applied (the new build's graph)
     exact: bool                # Shapley values exact (few players) or sampled
@@ -39,7 +41,10 @@ class Attribution:
         return self.new_span_ns - self.base_span_ns
 
 
-def attribute(old: StepGraph, new: StepGraph, match: pl.DataFrame, *, seed: int = 0) -> Attribution:
+def attribute(old: StepGraph, new: StepGraph, match: pl.DataFrame, *, seed: int = 0,
+              coupling_floor_ns: float = FLOOR_NS) -> Attribution:
+    """`coupling_floor_ns`: the smallest contribution a PDL-coupled pair may hold
+    (coupling.py; the diff passes its span noise band)."""
     script = edit_script.build(old, new, match)
     n_players = script.players.height
     # Sample orders until each contribution is known to 20 ns or 0.2% of the change.
@@ -54,5 +59,8 @@ def attribute(old: StepGraph, new: StepGraph, match: pl.DataFrame, *, seed: int 
     for name, value in (("base", result.none), ("all edits", result.all)):
         if not np.isfinite(value):
             raise ValueError(f"replayed span with {name} is not finite")
-    return Attribution(players=players, edits=script.edits, base_span_ns=result.none, new_span_ns=result.all,
+    coupled = pdl_coupled(script, np.asarray(result.values, dtype=np.float64),
+                          np.asarray(result.stderr, dtype=np.float64), coupling_floor_ns)
+    return Attribution(players=players, edits=script.edits, coupled=coupled, base_span_ns=result.none,
+                       new_span_ns=result.all,
                        exact=result.exact, orders=result.orders, evaluations=result.evaluations)

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from k3trace.analyses.stepgraph import SLOTS, StepGraph, side_stream
+from k3trace.analyses.critical_path import JOIN, STREAM
+from k3trace.analyses.stepgraph import JOIN_SLOT, SLOTS, STREAM_SLOT, StepGraph, side_stream
 from k3trace.diff.matching import ADDED, MATCHED, ONLY_NEW, ONLY_OLD, REMOVED
 from k3trace.text import layer_text
 
@@ -47,7 +48,8 @@ class UnionGraph:
     """Both builds' parameters per union node; [U] or [U, SLOTS] arrays, NaN-free.
 
     `present_old` / `present_new`: the node exists in that build. Inputs of the side a node
-    does not exist on are empty (pred -1, launch -inf)."""
+    does not exist on are empty (pred -1, launch -inf). `pdl_pred_old` / `pdl_pred_new`: the
+    union node that released it through a PDL edge in that build, or -1."""
 
     names: list[str]
     family: list[str]
@@ -62,6 +64,8 @@ class UnionGraph:
     preds_new: np.ndarray
     lags_new: np.ndarray
     launch_new: np.ndarray
+    pdl_pred_old: np.ndarray
+    pdl_pred_new: np.ndarray
     blocks: list[np.ndarray]   # replay order: strongly connected blocks in topological order
 
     @property
@@ -205,10 +209,15 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
         launch = np.where(has, (g.launch_at + g.launch_lag)[safe], -np.inf)
         pdl = np.where(has, g.nodes["pdl"].fill_null(False).to_numpy()[safe], False)
         side = np.where(has, side_stream(g)[safe], False)
-        return dur, preds, lags, launch, pdl, side
+        # The PDL edge is the binding one: the stream predecessor's, or a join's where a graph
+        # replay put the programmatic edge across its internal streams.
+        binding = np.where(has, g.nodes["binding"].fill_null("").to_numpy()[safe], "")
+        slot = np.where(binding == JOIN, JOIN_SLOT, STREAM_SLOT)
+        pdl_pred = np.where(pdl & np.isin(binding, (STREAM, JOIN)), preds[np.arange(len(idx)), slot], -1)
+        return dur, preds, lags, launch, pdl, side, pdl_pred
 
-    dur_o, preds_o, lags_o, launch_o, pdl_o, side_o = side(old, old_of, has_old, to_union_old)
-    dur_n, preds_n, lags_n, launch_n, pdl_n, side_n = side(new, new_of, has_new, to_union_new)
+    dur_o, preds_o, lags_o, launch_o, pdl_o, side_o, pdl_pred_o = side(old, old_of, has_old, to_union_old)
+    dur_n, preds_n, lags_n, launch_n, pdl_n, side_n, pdl_pred_n = side(new, new_of, has_new, to_union_new)
     blocks, _ = _sccs(np.concatenate([preds_o, preds_n], axis=1))
 
     names, family, layer = match["name"].to_list(), match["family"].to_list(), match["layer"].to_list()
@@ -295,7 +304,8 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
     return _finish(players, owner_in, owner_dur, owner_pres, UnionGraph(
         names=names, family=family, layer=layer, present_old=has_old, present_new=has_new,
         dur_old=dur_o, dur_new=dur_n, preds_old=preds_o, lags_old=lags_o, launch_old=launch_o,
-        preds_new=preds_n, lags_new=lags_n, launch_new=launch_n, blocks=blocks))
+        preds_new=preds_n, lags_new=lags_n, launch_new=launch_n, pdl_pred_old=pdl_pred_o,
+        pdl_pred_new=pdl_pred_n, blocks=blocks))
 
 
 def _dependency_label(items: list[tuple[int, str]], names: list[str]) -> str:

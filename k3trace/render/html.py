@@ -19,6 +19,7 @@ from k3trace.analyses.pdl import edge_table
 from k3trace.analyses.per_layer import layer_family_table
 from k3trace.analyses.timeline import step_timeline
 from k3trace.diff import sides
+from k3trace.diff.coupling import READ_TOGETHER
 from k3trace.errors import printable
 from k3trace.render import figures
 from k3trace.render.tables import SORT_SCRIPT, STYLE, Column, html_table, key_values
@@ -212,6 +213,16 @@ ATTRIBUTION_COLUMNS = [
 ]
 
 
+def _read_together(d) -> str:
+    groups = d.read_together()
+    if not groups:
+        return ""
+    items = "".join(
+        "<li>" + " + ".join(f"{esc(r['edit'])} ({esc(r['kind'])}, {r['contribution_us']:+,.2f})" for r in g["rows"])
+        + f" = <b>{g['sum_us']:+,.2f} us/step</b></li>" for g in groups)
+    return f"<p>Read together: {esc(READ_TOGETHER)}.</p><ul class='findings'>{items}</ul>"
+
+
 def _verdict(label: str, delta: float, band: float | None, source: str | None, verdict: str) -> str:
     band_text = "no noise band" if band is None else f"noise band ±{band:.2f} us ({esc(source)})"
     return (f"<p class='verdict'>{label} <b class='{esc(verdict)}'>{delta:+,.2f} us</b> per step, {band_text}: "
@@ -258,6 +269,7 @@ def diff_page(d) -> str:
                  d.waterfall(), "step span, old to new: counterfactual attribution by edit",
                  d.span_noise_band_us, d.noise_source))
              + html_table(d.attribution, ATTRIBUTION_COLUMNS, caption="every edit, by |contribution|")
+             + _read_together(d)
              + _matching(d))
     dists = sides.step_distributions(d.old, d.new)
     centrals = {m: {"old": sides.central(d.old, m), "new": sides.central(d.new, m)} for m in ("period", "span")}

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from k3trace.analyses import Analysis
+from k3trace.diff.coupling import READ_TOGETHER
 from k3trace.errors import printable
 from k3trace.text import layer_text
 
@@ -165,6 +166,21 @@ def attribution_table(d, top: int = 15) -> RenderableType:
     return t
 
 
+def read_together_table(d) -> RenderableType | None:
+    groups = d.read_together()
+    if not groups:
+        return None
+    t = Table(title=f"read together: {READ_TOGETHER}")
+    for col, just in (("rows", "left"), ("family", "left"), ("each us/step", "right"), ("together us/step", "right")):
+        t.add_column(col, justify=just, overflow="fold")
+    for g in groups:
+        rows = g["rows"]
+        t.add_row(" + ".join(f"{r['edit']} ({r['kind']})" for r in rows),
+                  ", ".join(dict.fromkeys(r["family"] for r in rows)),
+                  " / ".join(_signed(r["contribution_us"]) for r in rows), _signed(g["sum_us"]))
+    return t
+
+
 def diff_families(d) -> RenderableType:
     t = Table(title="families, old -> new (median over stable steps, us)")
     t.add_column("family")
@@ -180,7 +196,8 @@ def diff_families(d) -> RenderableType:
 
 
 def render_diff(d) -> RenderableType:
-    return Group(diff_header(d), attribution_table(d), diff_families(d))
+    together = read_together_table(d)
+    return Group(diff_header(d), attribution_table(d), *([together] if together else []), diff_families(d))
 
 
 def diff_markdown(d, top: int = 10) -> str:
@@ -211,6 +228,11 @@ def diff_markdown(d, top: int = 10) -> str:
         lines.append(f"| {rest.height} more edits | | | | {float(rest['contribution_us'].sum()):+.2f} | |")
     lines.append(f"| residual (not modelled) | | | | {d.residual_us:+.2f} | |")
     lines.append(f"| median vs mean step | | | | {d.skew_us:+.2f} | |")
+    groups = d.read_together()
+    if groups:
+        lines += ["", f"Read together: {READ_TOGETHER}."]
+        lines += [f"- " + " + ".join(f"{cell(r['edit'])} ({r['contribution_us']:+.2f})" for r in g["rows"])
+                  + f" = **{g['sum_us']:+.2f} us/step**" for g in groups]
     return "\n".join(lines) + "\n"
 
 
