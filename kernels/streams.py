@@ -30,10 +30,13 @@ class Streams:
     aux3: object = _HOST  # S3: L2 prefetches of the next weight (variant prefetch_leg:<MB>)
 
     @classmethod
-    def create(cls, device: str) -> "Streams":
+    def create(cls, device: str, side_priority: int = 0) -> "Streams":
+        """`side_priority`: CUDA stream priority of S1 and S2 (negative: above main's 0);
+        graph capture keeps it on their kernel nodes."""
         if torch.device(device).type != "cuda":
             return cls(_HOST, _HOST, _HOST)
-        return cls(torch.cuda.Stream(device), torch.cuda.Stream(device), torch.cuda.Stream(device))
+        return cls(torch.cuda.Stream(device, priority=side_priority),
+                   torch.cuda.Stream(device, priority=side_priority), torch.cuda.Stream(device))
 
     @property
     def main(self):

@@ -238,7 +238,8 @@ class K3Decode:
         if variant.delay_kernel and not self.plan.delayed_launches():
             raise ValueError(f"delay names {variant.delay_kernel!r}, which no launch of the "
                              f"plan issues (kernel or launcher names: kernels/k3/plan.py)")
-        self.streams = Streams.create(str(self.device))
+        # Variant side_priority: the side legs' blocks go to SMs before main's waiting ones.
+        self.streams = Streams.create(str(self.device), side_priority=-1 if variant.side_priority else 0)
         self._gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self._build_state()
         self.layers = {l: self._build_layer(l) for l in cfg.layers}

@@ -46,6 +46,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "router_in_front": ("router_in_front", True),          # the router inside the front GEMM's launch
     "attn_res_in_o_proj": ("attn_res_in_o_proj", True),    # the pre-MLP score in the o_proj's epilogue
     "linear_tma": ("linear_tma", True),                    # the skinny GEMMs' weights by TMA descriptor
+    "side_priority": ("side_priority", True),              # S1 and S2 above main's stream priority
 }
 
 DELAY_PREFIX = "delay"
@@ -86,6 +87,7 @@ class Variant:
     attn_res_in_o_proj: bool = False  # B = 1, skinny o_proj + attn_res_dot: the o_proj's epilogue adds
                                       # its output to the partial and scores its columns (no score launch)
     linear_tma: bool = False         # with triton_linear: the skinny GEMMs stream their weight tiles by TMA
+    side_priority: bool = False      # the side streams (S1, S2) at high CUDA stream priority
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down

@@ -87,6 +87,10 @@ C22=$C20+router_in_front
 C23=$C20+attn_res_in_o_proj
 # Sixth round: the skinny GEMMs' weight tiles by TMA descriptor.
 C24=$C20+linear_tma
+# k3trace whatif on c20: with the MoE GEMMs faster the router leg beside the front becomes the
+# path; side_priority gives the legs SMs first (C25 on C20, C26 on C24).
+C25=$C20+side_priority
+C26=$C24+side_priority
 
 case $phase in
 campaign_test)
@@ -298,13 +302,15 @@ campaign16)  # the skinny GEMM's configs re-picked one call at a time (not back 
     --json $OUT/ops16_b1.json 2>&1 | grep "^linear"
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --skinny-table $OUT/ops16_b1.json \
     --variants $C20 $C20@skinny $C20 $C20@skinny --json $OUT/step16.json 2>&1 | grep "B=" ;;
-campaign18)  # linear_tma: the skinny GPU tests, the TMA case and its config sweep, C20 / C24 interleaved
+campaign18)  # linear_tma: the skinny GPU tests, the TMA case and its sweep, C20 / C24; side_priority (C25, C26)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py -k skinny 2>&1 \
     | tee $OUT/gpu18.log | tail -1
   timeout 240 python3 bench/bench_k3_ops.py --batch 1 --cases linear_tma --json $OUT/ops18_b1.json 2>&1 \
     | tee $OUT/ops18_b1.log
   timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C24 $C20 $C24 \
-    --json $OUT/step18.json 2>&1 | grep "B=" ;;
+    --json $OUT/step18.json 2>&1 | grep "B="
+  timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C25 $C24 $C26 $C20 $C25 \
+    --json $OUT/step18p.json 2>&1 | grep "B=" ;;
 campaign17)  # attn_res_in_o_proj: its op and model GPU tests, C20 / C23 interleaved, C23 recorded (2 runs)
   test_time_record "o_proj_epilogue or attn_res" 17 c23 $C23 ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)

@@ -59,7 +59,8 @@ NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits",
         "triton_linear+triton_mla_proj"]
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused", "kda_conv_fused",
-                     "moe_sum_norm_fused", "router_in_front", "attn_res_in_o_proj", "linear_tma"])
+                     "moe_sum_norm_fused", "router_in_front", "attn_res_in_o_proj", "linear_tma",
+                     "side_priority"])
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -355,6 +356,16 @@ def test_gpu_graph_replay_matches_eager(batch):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(model.hidden(), replayed["hidden"])  # replays are deterministic
+
+
+@gpu
+@needs_cuda
+def test_gpu_side_priority_raises_the_side_streams():
+    # Variant side_priority: S1 and S2 above main (the capture stream, priority 0).
+    for name, want in (("baseline", 0), ("side_priority", -1)):
+        s = gpu_model(1, name).streams
+        assert (s.aux1.priority, s.aux2.priority) == (want, want)
+        assert torch.cuda.current_stream().priority == 0
 
 
 @gpu

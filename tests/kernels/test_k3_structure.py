@@ -143,6 +143,7 @@ def test_baseline_counts():
     ("router_in_front", 0),             # needs the forked, aligned router and triton_linear (below)
     ("attn_res_in_o_proj", 0),          # needs the skinny o_proj and attn_res_dot (below)
     ("linear_tma", 0),                  # the same kernels, their weight loads by TMA
+    ("side_priority", 0),               # the same kernels, the side streams at high priority
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
