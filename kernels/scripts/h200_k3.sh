@@ -91,6 +91,8 @@ C24=$C20+linear_tma
 # path; side_priority gives the legs SMs first (C25 on C20, C26 on C24).
 C25=$C20+side_priority
 C26=$C24+side_priority
+# linear_split_k (round four) starved the router leg beside the split front: with the legs first?
+C27=$C20+linear_split_k+side_priority
 
 case $phase in
 campaign_test)
@@ -309,7 +311,7 @@ campaign18)  # linear_tma: the skinny GPU tests, the TMA case and its sweep, C20
     | tee $OUT/ops18_b1.log
   timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C24 $C20 $C24 \
     --json $OUT/step18.json 2>&1 | grep "B="
-  timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C25 $C24 $C26 $C20 $C25 \
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C25 $C24 $C26 $C27 $C20 $C25 $C27 \
     --json $OUT/step18p.json 2>&1 | grep "B=" ;;
 campaign17)  # attn_res_in_o_proj: its op and model GPU tests, C20 / C23 interleaved, C23 recorded (2 runs)
   test_time_record "o_proj_epilogue or attn_res" 17 c23 $C23 ;;
