@@ -612,7 +612,7 @@ def whatif_cmd(
 
 def demo_pages(folder: Path) -> dict[str, tuple[Path, str]]:
     """The demo's HTML pages in `folder` (checked before any work), each with its index line."""
-    from k3trace.demo import DEMO_PAIR, THIRD_PARTY_PAIR
+    from k3trace.demo import DEMO_PAIR, PDL_PAIR, THIRD_PARTY_PAIR
 
     if folder.exists() and not folder.is_dir():
         raise ReportError(f"--html {folder.name} is a file", "pass a folder for the demo's HTML pages")
@@ -620,12 +620,14 @@ def demo_pages(folder: Path) -> dict[str, tuple[Path, str]]:
         raise ReportError(f"the folder {folder.parent.name or folder.parent} for --html {folder.name} does not exist",
                           "create it first, or pass a folder inside an existing one")
     output_file(folder / "index.html" if folder.is_dir() else folder, "HTML folder")
-    (k_old, k_new), (h_old, h_new) = DEMO_PAIR, THIRD_PARTY_PAIR
+    (k_old, k_new), (h_old, h_new), (p_old, p_new) = DEMO_PAIR, THIRD_PARTY_PAIR, PDL_PAIR
     return {
         "diff": (folder / f"diff-{k_old}-{k_new}.html",
                  f"diff {k_old} -> {k_new}: the K3 attention forks onto the aux stream (seed 001)"),
         "third_party": (folder / f"diff-{h_old}-{h_new}.html",
                         f"diff {h_old} -> {h_new}: transformers Llama, RMSNorm's 8 kernels fused into one"),
+        "pdl": (folder / f"diff-{p_old}-{p_new}.html",
+                f"diff {p_old} -> {p_new}: the K3 path's PDL triggers moved early (rows read together)"),
         "analyze_old": (folder / f"analyze-{k_old}.html", f"analyze {k_old}: the K3 decode step, attention "
                                                           "single-stream"),
         "analyze_new": (folder / f"analyze-{k_new}.html", f"analyze {k_new}: the K3 decode step with the "
@@ -636,13 +638,13 @@ def demo_pages(folder: Path) -> dict[str, tuple[Path, str]]:
 @app.command("demo")
 def demo_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Also write the HTML reports into this folder "
-                                        "(created if missing): both K3 traces analysed, the two diffs, an index."),
+                                        "(created if missing): both K3 traces analysed, the three diffs, an index."),
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
     width: Optional[int] = Width,
 ) -> None:
     """Analyze and diff the real H200 traces bundled with k3trace."""
-    from k3trace.demo import DEMO_PAIR, THIRD_PARTY_PAIR, bundled_trace
+    from k3trace.demo import DEMO_PAIR, PDL_PAIR, THIRD_PARTY_PAIR, bundled_trace
 
     with one_line_errors():
         pages = demo_pages(html) if html is not None else {}
@@ -660,6 +662,9 @@ def demo_cmd(
         third_old, third_new = (bundled_trace(name) for name in THIRD_PARTY_PAIR)
         out.rule(f"k3trace diff {third_old.name} {third_new.name} (transformers Llama: RMSNorm fused)")
         run_diff(DiffOptions((third_old,), (third_new,), "terminal", page.get("third_party"), None, cfg, env, width))
+        pdl_old, pdl_new = (bundled_trace(name) for name in PDL_PAIR)
+        out.rule(f"k3trace diff {pdl_old.name} {pdl_new.name} (K3: PDL triggers right after each wait)")
+        run_diff(DiffOptions((pdl_old,), (pdl_new,), "terminal", page.get("pdl"), None, cfg, env, width))
         if html is not None:
             from k3trace.render.html import write_analysis_page, write_index_page
 

@@ -1,5 +1,5 @@
 """The traces bundled with k3trace (k3trace/data): scrubbed SQLite exports recorded on an
-H200 from kernels/, xz-compressed. `k3trace demo` analyses one and diffs two pairs of them."""
+H200 from kernels/, xz-compressed. `k3trace demo` analyses one and diffs three pairs of them."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ DEMO_PAIR = ("k3_bs1_no_attn_forks", "k3_bs1_base_a")
 #: Code nobody here wrote: transformers' Llama (8 layers, bs1, one CUDA graph) with its
 #: eight-kernel RMSNorm replaced by torch's fused rms_norm (kernels/hf_llama.py).
 THIRD_PARTY_PAIR = ("hf_base_a", "hf_norm_fused_a")
+#: The K3 path (8 layers, B=1, the bs1 campaign's c6 -> c7) with every Triton kernel's PDL
+#: trigger moved from after its last store to right after its wait: recorded time trades
+#: between PDL neighbours, and the diff names the rows to read together.
+PDL_PAIR = ("k3_bs1_c6", "k3_bs1_c7")
 
 
 def bundled_trace(name: str) -> Path:
