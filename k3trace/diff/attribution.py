@@ -43,7 +43,7 @@ class Attribution:
 
 def attribute(old: StepGraph, new: StepGraph, match: pl.DataFrame, *, seed: int = 0,
               coupling_floor_ns: float = FLOOR_NS) -> Attribution:
-    """`coupling_floor_ns`: the smallest contribution a PDL-coupled pair may hold
+    """`coupling_floor_ns`: the smallest contribution a row of a read-together group may hold
     (coupling.py; the diff passes its span noise band)."""
     script = edit_script.build(old, new, match)
     n_players = script.players.height

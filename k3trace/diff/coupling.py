@@ -6,8 +6,8 @@ dependent starts, before its own work is done, and the rest of its execution is 
 the dependent's duration. So a change that moves a trigger, or turns an edge programmatic
 (a fusion whose successor now follows it by PDL instead of after a join), moves recorded
 time from one kernel to the next: one row falls and its neighbour rises, each by more than
-the change (a fusion at -1750 us beside a duration edit of the GEMM after it at +1920 us,
-for a change of +170 us). The attribution keeps every row as METRICS.md defines it; this
+the change (a fusion at -1747 us beside a duration edit of the GEMM after it at +1920 us,
+where the step moved +104 us). The attribution keeps every row as METRICS.md defines it; this
 finds the rows that traded, so that the report can name them together with their sum.
 
 Two players trade when a kernel whose time one of them owns (its duration, or its presence
@@ -29,7 +29,7 @@ import polars as pl
 
 from k3trace.diff.edits import EditScript
 
-#: What a coupled pair means, for the reports.
+#: What a read-together group means, for the reports.
 READ_TOGETHER = ("rows whose recorded time traded across a PDL edge (a dependent launched at its primary's trigger "
                  "records the rest of the primary's work as its own): read each group as one change, its sum")
 #: A contribution smaller than this (or than three of its standard errors) trades nothing
