@@ -12,8 +12,8 @@ i-1 into build i. For each change:
   (replacement, dependency) -- what the change did to the kernels and their order;
 - "elsewhere": the duration and gap edits of kernels it did not replace (slack used, a
   kernel slowed by the bandwidth a new neighbour takes), with the largest named;
-- "read together": k3trace's groups of rows whose recorded time traded across a PDL edge
-  that hold one of the change's own edits, each with its sum (docs/metrics.md);
+- "read together": k3trace's groups of rows whose recorded time traded across a PDL edge,
+  each with its sum (docs/metrics.md; the largest two in the markdown);
 - standalone: bench/bench_k3_ops.py's old -> new per-layer time (its JSON) times the layers.
 The standalone figure and the change's own edits should agree within the noise; where they
 do not, the "elsewhere" column says what else moved.
@@ -141,14 +141,9 @@ def row(change: str, d: dict, ops: dict | None) -> dict:
         "own_top": [(a["edit"], a["contribution_us"]) for a in own[:2]],
         "elsewhere_us": sum(a["contribution_us"] for a in other),
         "elsewhere_top": [(a["edit"], a["family"], a["contribution_us"]) for a in other[:3]],
-        "read_together": [([r["edit"] for r in g["rows"]], g["sum_us"]) for g in d.get("read_together", [])
-                          if any(_same(r, a) for r in g["rows"] for a in own)],
+        "read_together": [([r["edit"] for r in g["rows"]], g["sum_us"]) for g in d.get("read_together", [])],
         "standalone": standalone(ops, change),
     }
-
-
-def _same(group_row: dict, attribution_row: dict) -> bool:
-    return all(group_row[k] == attribution_row[k] for k in ("edit", "kind", "family"))
 
 
 def markdown(rows: list[dict]) -> str:
@@ -159,7 +154,8 @@ def markdown(rows: list[dict]) -> str:
         sa = r["standalone"]
         sa_txt = f"{sa[0]:.1f} -> {sa[1]:.1f} us: {sa[2] * 1e3:+.0f} us" if sa else "n/a"
         top = "; ".join(f"{e} {c:+.0f}" for e, _, c in r["elsewhere_top"][:2])
-        together = "; ".join(" + ".join(edits) + f" = {s:+.0f} us" for edits, s in r.get("read_together", [])) or "-"
+        together = "; ".join(" + ".join(edits) + f" = {s:+.0f} us"
+                             for edits, s in r.get("read_together", [])[:2]) or "-"
         out.append(f"| {r['change']} | {r['itl_delta_us']:+.0f} us ({band}) | {sa_txt} | "
                    f"{r['own_edits_us']:+.0f} us | {r['elsewhere_us']:+.0f} us ({top}) | {together} |")
     return "\n".join(out)
