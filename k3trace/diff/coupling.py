@@ -10,16 +10,17 @@ the change (a fusion at -1747 us beside a duration edit of the GEMM after it at 
 where the step moved +104 us). The attribution keeps every row as METRICS.md defines it; this
 finds the rows that traded, so that the report can name them together with their sum.
 
-Two players trade when a kernel whose time one of them owns (its duration, or its presence
-for a replacement's kernels) released, through a PDL edge in either build, a kernel whose
-time the other owns; when their contributions have opposite signs, each beyond its noise;
-and when the smaller is at least half the larger, so that their sum is smaller than either
-row (read apart, both mislead). Groups start from the pair that traded the most time (the
-smaller contribution), and take in PDL neighbours that trade with the group's sum by the
-same rule (a removed kernel between two others trades with both: kda_conv_fused's conv
--1266 us between the qkvg GEMM +563 and kda_step +710); each row joins one group at most.
-Closure over every neighbour would not do: under early triggers the whole step is one PDL
-chain, and it would join every row into one group.
+A group grows from a row, largest first, by PDL neighbours: rows whose time a kernel owned
+by the group released through a PDL edge in either build, or that released one of its
+kernels (a row owns a kernel's time by its duration, or by its presence for a replacement's
+kernels). Each step takes the neighbour of the opposite sign to the group's sum that brings
+the sum closest to zero, as long as it does and is at least a quarter of the group's largest
+row (a smaller row that happens to lower the sum is a change of its own): a removed kernel between two others trades
+with both (kda_conv_fused: the conv -1266 us between the qkvg GEMM +563 and kda_step +710,
++7 us together). A group is kept when its sum is at most half its largest row, so that read
+apart its rows mislead; rows within max(the floor, three standard errors) of zero never
+join, and each row joins one group at most. Closure over every neighbour would not do:
+under early triggers the whole step is one PDL chain, and it would join every row.
 """
 
 from __future__ import annotations
@@ -32,20 +33,18 @@ from k3trace.diff.edits import EditScript
 #: What a read-together group means, for the reports.
 READ_TOGETHER = ("rows whose recorded time traded across a PDL edge (a dependent launched at its primary's trigger "
                  "records the rest of the primary's work as its own): read each group as one change, its sum")
+#: A neighbour joins a group only when it is at least the group's largest row over this: a
+#: small row that happens to lower the sum is its own change, not the group's trade.
+JOIN_SHARE = 4.0
 #: A contribution smaller than this (or than three of its standard errors) trades nothing
 #: worth a note.
 FLOOR_NS = 1_000.0
 
 
-def _trades(a: float, b: float) -> bool:
-    small, large = sorted((abs(a), abs(b)))
-    return np.sign(a) * np.sign(b) < 0 and small >= large / 2
-
-
 def pdl_coupled(script: EditScript, contribution_ns: np.ndarray, stderr_ns: np.ndarray,
                 floor_ns: float = FLOOR_NS) -> pl.DataFrame:
     """group, player: the members of each group of rows that traded, groups numbered from 0
-    by the time their first pair traded, largest first."""
+    by their largest row, largest first."""
     union = script.union
     c = np.asarray(contribution_ns, dtype=np.float64)
     owner = np.where(script.owner_duration >= 0, script.owner_duration, script.owner_presence)
@@ -59,26 +58,28 @@ def pdl_coupled(script: EditScript, contribution_ns: np.ndarray, stderr_ns: np.n
             if significant[x] and significant[y]:
                 neighbours.setdefault(x, set()).add(y)
                 neighbours.setdefault(y, set()).add(x)
-    pairs = sorted(((min(abs(c[x]), abs(c[y])), x, y) for x in neighbours for y in neighbours[x]
-                    if x < y and _trades(c[x], c[y])), key=lambda t: (-t[0], t[1], t[2]))
     rows: list[tuple[int, int]] = []
     taken: set[int] = set()
-    for _, x, y in pairs:
-        if x in taken or y in taken:
+    for seed in sorted(neighbours, key=lambda p: (-abs(c[p]), p)):
+        if seed in taken:
             continue
-        group, total = [x, y], c[x] + c[y]
+        group, total = [seed], c[seed]
         while True:
             near = {z for m in group for z in neighbours[m]} - taken - set(group)
-            fits = [(min(abs(total), abs(c[z])), z) for z in near if _trades(total, c[z])]
-            if not fits:
+            largest = max(abs(c[p]) for p in group)
+            closer = [(abs(total + c[z]), z) for z in near
+                      if np.sign(c[z]) != np.sign(total) and abs(total + c[z]) < abs(total)
+                      and abs(c[z]) >= largest / JOIN_SHARE]
+            if not closer:
                 break
-            _, z = max(fits, key=lambda t: (t[0], -t[1]))
+            _, z = min(closer)
             group.append(z)
             total += c[z]
-        taken.update(group)
-        index = len({g for g, _ in rows})
-        rows += [(index, p) for p in sorted(group)]
+        if len(group) > 1 and abs(total) <= max(abs(c[p]) for p in group) / 2:
+            taken.update(group)
+            index = len(rows) and rows[-1][0] + 1
+            rows += [(index, p) for p in sorted(group)]
     return pl.DataFrame(rows, schema={"group": pl.Int64, "player": pl.Int64}, orient="row")
 
 
-__all__ = ["FLOOR_NS", "READ_TOGETHER", "pdl_coupled"]
+__all__ = ["FLOOR_NS", "JOIN_SHARE", "READ_TOGETHER", "pdl_coupled"]
