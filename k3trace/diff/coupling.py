@@ -11,8 +11,8 @@ where the step moved +104 us). The attribution keeps every row as METRICS.md def
 finds the rows that traded, so that the report can name them together with their sum.
 
 A group grows from a row, largest first, by PDL neighbours: rows whose time a kernel owned
-by the group released through a PDL edge in either build, or that released one of its
-kernels (a row owns a kernel's time by its duration, or by its presence for a replacement's
+by the group released through a chained PDL edge (on its stream, reported start right after
+the primary's reported end) in either build, or that released one of its kernels (a row owns a kernel's time by its duration, or by its presence for a replacement's
 kernels). Each step takes the neighbour of the opposite sign to the group's sum that brings
 the sum closest to zero, as long as it does and is at least a quarter of the group's largest
 row (a smaller row that happens to lower the sum is a change of its own): a removed kernel between two others trades

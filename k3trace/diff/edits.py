@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from k3trace.analyses.critical_path import JOIN, STREAM
-from k3trace.analyses.stepgraph import JOIN_SLOT, SLOTS, STREAM_SLOT, StepGraph, side_stream
+from k3trace.analyses.critical_path import STREAM
+from k3trace.analyses.stepgraph import SLOTS, STREAM_SLOT, StepGraph, side_stream
 from k3trace.diff.matching import ADDED, MATCHED, ONLY_NEW, ONLY_OLD, REMOVED
 from k3trace.text import layer_text
 
@@ -49,7 +49,7 @@ class UnionGraph:
 
     `present_old` / `present_new`: the node exists in that build. Inputs of the side a node
     does not exist on are empty (pred -1, launch -inf). `pdl_pred_old` / `pdl_pred_new`: the
-    union node that released it through a PDL edge in that build, or -1."""
+    union node that released it through a chained PDL edge on its stream in that build, or -1."""
 
     names: list[str]
     family: list[str]
@@ -209,11 +209,11 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
         launch = np.where(has, (g.launch_at + g.launch_lag)[safe], -np.inf)
         pdl = np.where(has, g.nodes["pdl"].fill_null(False).to_numpy()[safe], False)
         side = np.where(has, side_stream(g)[safe], False)
-        # The PDL edge is the binding one: the stream predecessor's, or a join's where a graph
-        # replay put the programmatic edge across its internal streams.
+        # A chained PDL edge: the stream predecessor released it and the dependent's reported
+        # start follows the primary's reported end (METRICS.md, "PDL"). A PDL edge a graph
+        # replay put across its internal streams shows as overlap instead, a real one.
         binding = np.where(has, g.nodes["binding"].fill_null("").to_numpy()[safe], "")
-        slot = np.where(binding == JOIN, JOIN_SLOT, STREAM_SLOT)
-        pdl_pred = np.where(pdl & np.isin(binding, (STREAM, JOIN)), preds[np.arange(len(idx)), slot], -1)
+        pdl_pred = np.where(pdl & (binding == STREAM), preds[:, STREAM_SLOT], -1)
         return dur, preds, lags, launch, pdl, side, pdl_pred
 
     dur_o, preds_o, lags_o, launch_o, pdl_o, side_o, pdl_pred_o = side(old, old_of, has_old, to_union_old)
