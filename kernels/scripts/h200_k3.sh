@@ -305,6 +305,7 @@ campaign16)  # the skinny GEMM's configs re-picked one call at a time (not back 
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --skinny-table $OUT/ops16_b1.json \
     --variants $C20 $C20@skinny $C20 $C20@skinny --json $OUT/step16.json 2>&1 | grep "B=" ;;
 campaign18)  # linear_tma: the skinny GPU tests, the TMA case and its sweep, C20 / C24; side_priority (C25, C26)
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k sm90_compile 2>&1 | tail -1  # this Triton
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py -k skinny 2>&1 \
     | tee $OUT/gpu18.log | tail -1
   timeout 240 python3 bench/bench_k3_ops.py --batch 1 --cases linear_tma --json $OUT/ops18_b1.json 2>&1 \
