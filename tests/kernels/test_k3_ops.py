@@ -875,8 +875,7 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
         pdl = pdl and "atom.global.gpu.acq_rel.add" in ptx
     # Known, not kept (kernels/README.md, round 3): with the H200's Triton 3.6 the combine
     # of attn_res_dot + attn_res_early_rows gets 32 registers and spills ~11 KB per thread
-    # (3.7.1: 235-240 registers, no spill), the
-    # cause of that variant's 85 us.
+    # (3.7.1: 235-240 registers, no spill), the cause of that variant's 85 us.
     known = (kernel.__name__ == "attn_res_combine_kernel" and consts.get("EARLY_ROWS") and consts.get("ONE_SHOT")
              and triton.__version__.startswith("3.6."))
     if known and spills:
