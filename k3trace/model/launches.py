@@ -50,7 +50,8 @@ def _call_keys(kernels: pl.DataFrame, calls: pl.DataFrame) -> tuple[pl.Series, p
     if any(kernels[c].null_count() for c in _CALL):
         return None
     ids = pl.concat([kernels["correlation_id"], calls["correlation_id"]])
-    if ids.len() and not (ids.min() >= 0 and ids.max() < 1 << 32):
+    low, high = ids.min(), ids.max()
+    if low is not None and not (low >= 0 and high < 1 << 32):
         return None
     processes = pl.concat([kernels["global_pid"], calls["global_pid"]]).drop_nulls().unique().sort().to_numpy()
 
