@@ -452,14 +452,17 @@ class DiffOptions:
 
 
 def run_diff(opts: DiffOptions) -> None:
+    from k3trace.analyses.pipeline import saved_meanwhile
     from k3trace.diff import diff
     from k3trace.diff.noise import SLOWER
     from k3trace.render.terminal import diff_markdown, render_diff
 
     donor = donor_of(opts.labels_from, opts.config, opts.env)
-    both = analyses_of(opts.old + opts.new, opts.config, opts.env, donor)
-    old, new = both[:len(opts.old)], both[len(opts.old):]
-    result = diff(old, new)
+    # The analyses' cache entries are written while the diff is worked out (one core's work).
+    with saved_meanwhile():
+        both = analyses_of(opts.old + opts.new, opts.config, opts.env, donor)
+        old, new = both[:len(opts.old)], both[len(opts.old):]
+        result = diff(old, new)
     if opts.html is not None:
         from k3trace.render.html import write_diff_page
 

@@ -87,6 +87,16 @@ def _strictly_increasing(column: pl.Series) -> bool:
     return values is not None and bool(np.all(values[1:] > values[:-1]))
 
 
+def sorted_by(frame: pl.DataFrame, *keys: str) -> pl.DataFrame:
+    """`frame.sort(*keys)`, without the sort where the first key already rises from row to
+    row (an export's tables, read in table order, mostly do): that order is then the only
+    one, and sorting would only copy every column (a frame of 2.2M kernels: 60 ms and 200
+    MB of fresh memory)."""
+    if _strictly_increasing(frame[keys[0]]):
+        return frame.with_columns(pl.col(keys[0]).set_sorted())
+    return frame.sort(*keys)
+
+
 def sort_positions(frame: pl.DataFrame, *keys: str) -> np.ndarray:
     """Row positions of `frame` in the order `frame.sort(*keys)` puts them (nulls first)."""
     found = _lexsorted(frame, keys, nulls=True)

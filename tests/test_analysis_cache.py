@@ -107,3 +107,18 @@ def test_copied_report_is_its_own_entry(trace_sqlite, cache_dir, tmp_path):
     run(trace_sqlite("small_before"), cache_dir)
     _, phases = run(copy, cache_dir)
     assert "cached analysis" not in phases
+
+
+def test_entries_saved_meanwhile_are_there_once_the_block_is_left(trace_sqlite, cache_dir):
+    """Within `saved_meanwhile` (the diff's), each analysis' entry is written on a thread of
+    its own; leaving the block waits for them, and they are the entries an inline save writes."""
+    from k3trace.analyses.pipeline import saved_meanwhile
+
+    before, after = trace_sqlite("small_before"), trace_sqlite("small_inside_a")
+    with saved_meanwhile():
+        first, _ = run(before, cache_dir)
+        with saved_meanwhile():  # nested: the outer block's exit waits
+            run(after, cache_dir)
+    assert len(list((cache_dir / "analyses").iterdir())) == 2
+    again, phases = run(before, cache_dir)
+    assert phases == ["cached analysis"] and again.to_json() == first.to_json()

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from k3trace.ordering import has_repeats, polars_positions, sort_positions
+from k3trace.ordering import has_repeats, polars_positions, sort_positions, sorted_by
 
 
 def _frame(seed: int, n: int = 5000, nulls: bool = False, span: int = 1 << 40) -> pl.DataFrame:
@@ -48,3 +48,10 @@ def test_has_repeats():
     frame = _frame(0)
     assert not has_repeats(frame, "start", "end", "step")
     assert has_repeats(pl.concat([frame, frame.head(1)]), "start", "end", "step")
+
+
+def test_sorted_by_skips_only_a_rising_first_key():
+    rising = pl.DataFrame({"start": [1, 2, 5], "end": [9, 3, 6]})
+    assert sorted_by(rising, "start", "end").equals(rising)
+    tied = pl.DataFrame({"start": [1, 1, 0], "end": [9, 3, 6]})
+    assert sorted_by(tied, "start", "end").equals(tied.sort("start", "end"))

@@ -298,7 +298,8 @@ def check(trace: Trace, steps: pl.DataFrame, kernels: pl.DataFrame, cfg: Config,
 def graph_level_tracing(trace: Trace) -> bool:
     """Graph launches whose kernels were not traced node by node (--cuda-graph-trace=graph)."""
     graph_calls = trace.runtime.filter(pl.col("name").str.contains(GRAPH_LAUNCH_CALL), pl.col("return_value") == 0)
-    if graph_calls.is_empty() or not trace.kernels.filter(pl.col("graph_node_id").is_not_null()).is_empty():
+    # A column test, not a filter: filtering would copy every column of the kernels.
+    if graph_calls.is_empty() or trace.kernels["graph_node_id"].is_not_null().any():
         return False
     traced = graph_calls.join(trace.kernels, on=["global_pid", "correlation_id"], how="semi")
     return traced.is_empty()

@@ -15,22 +15,24 @@ def family_table(overlap: StepOverlap, n_steps: int) -> pl.DataFrame:
     # A segment's window runs from its first kernel's start to its last kernel's end. A
     # segment lies in one step and one family (labels/segments.py), so its id alone is the
     # group: an integer key, where grouping by the family's text costs four times as much.
+    # The segments carry their kernels' exposed and kernel time too: the per-step sums and
+    # the segment count then group one row per segment, not one per kernel, by the text key.
     windows = k.group_by("segment").agg(pl.col("step").first(), pl.col("family").first(), pl.col("start").min(),
-                                        pl.col("end").max())
+                                        pl.col("end").max(), pl.col("exposed").sum(), pl.col("duration").sum())
     merged = intervals.union(windows, ["step", "family"])
     resident = (
         intervals.measure_within(merged, overlap.multi_stream, ["step"], "residency")
         .group_by("step", "family").agg(pl.col("residency").sum())
     )
     per_step = (
-        k.group_by("step", "family")
-        .agg(pl.col("segment").n_unique().alias("segments"), pl.col("exposed").sum(), pl.col("duration").sum())
+        windows.group_by("step", "family")
+        .agg(pl.len().alias("segments"), pl.col("exposed").sum(), pl.col("duration").sum())
         .join(busy, on=["step", "family"], how="left")
         .join(resident, on=["step", "family"], how="left")
         .with_columns(pl.col("residency").fill_null(0))
     )
     # A family absent from some stable steps counts as zero there (medians over all steps).
-    steps = k.select("step").unique()
+    steps = windows.select("step").unique()
     grid = steps.join(per_step.select("family").unique(), how="cross")
     full = grid.join(per_step, on=["step", "family"], how="left").fill_null(0).with_columns(
         pl.when(pl.col("device_busy") > 0).then(pl.col("residency") / pl.col("device_busy")).otherwise(0.0)

@@ -33,7 +33,7 @@ REPORT_SUFFIXES = (".nsys-rep", ".qdstrm", ".sqlite", ".xz", ".gz")
 
 @dataclass(frozen=True)
 class RankSet:
-    ranks: tuple[Analysis, ...]          # in rank order (sorted report names); `kernels` empty (schema only)
+    ranks: tuple[Analysis, ...]          # in rank order (sorted report names); `kernels`, `path` empty (schema only)
     skew: pl.DataFrame                   # per (step ordinal, layer): finish per rank, last rank, skew
     all_reduce: pl.DataFrame             # per rank: all-reduce kernels' busy and exposed time per step
 
@@ -72,12 +72,16 @@ def _limit_memory(limit_bytes: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
-def _one(args: tuple[Path, Config, Path | None, Tools]) -> Analysis:
+def _one(args: tuple[Path, Config, Path | None, Tools]) -> tuple[Analysis, pl.DataFrame]:
+    """One rank's analysis, and its layers' finish per step (`layer_finish`)."""
     path, cfg, cache_dir, tools = args
     analysis = analyze_report(path, cfg, cache_dir=cache_dir, tools=tools)
-    # The per-kernel frame stays in the worker: nothing across ranks reads it, and shipping
-    # it back (pickled) cost the parent as much CPU as a quarter of the analyses.
-    return replace(analysis, kernels=analysis.kernels.clear())
+    # The per-kernel frames stay in the worker: across ranks only the layers' finish times
+    # are read of them, worked out here. Shipping them back pickled cost the parent as much
+    # CPU as a quarter of the analyses (the kernels), and the path 45 MB a rank at 373k
+    # kernels: 170 ms to pickle in the worker and 70 to unpickle in the parent.
+    finish = layer_finish(analysis)
+    return replace(analysis, kernels=analysis.kernels.clear(), path=analysis.path.clear()), finish
 
 
 def analyze_ranks(paths: Sequence[Path], cfg: Config, *, cache_dir: Path | None = None, tools: Tools = Tools(),
@@ -85,20 +89,22 @@ def analyze_ranks(paths: Sequence[Path], cfg: Config, *, cache_dir: Path | None 
                   engine: str = "local", scheduler: str | None = None) -> RankSet:
     jobs = [(Path(p), cfg, cache_dir, tools) for p in paths]
     if engine == "dask":
-        results = _with_dask(jobs, scheduler)
+        done = _with_dask(jobs, scheduler)
     elif engine == "local":
         count = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
         # spawn, not fork: polars' thread pool does not survive a fork of this process.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(count, mp_context=context, initializer=_limit_memory,
                                  initargs=(memory_per_worker,)) as pool:
-            results = list(pool.map(_one, jobs))
+            done = list(pool.map(_one, jobs))
     else:
         raise ReportError(f"unknown engine {engine!r}", "use --engine local or --engine dask")
-    return RankSet(ranks=tuple(results), skew=rank_skew(results), all_reduce=all_reduce_exposure(results))
+    results = [analysis for analysis, _ in done]
+    return RankSet(ranks=tuple(results), skew=rank_skew([finish for _, finish in done]),
+                   all_reduce=all_reduce_exposure(results))
 
 
-def _with_dask(jobs: list, scheduler: str | None) -> list[Analysis]:
+def _with_dask(jobs: list, scheduler: str | None) -> list[tuple[Analysis, pl.DataFrame]]:
     try:
         from dask.distributed import Client
     except ImportError:
@@ -121,13 +127,14 @@ def layer_finish(a: Analysis) -> pl.DataFrame:
     )
 
 
-def rank_skew(ranks: Sequence[Analysis]) -> pl.DataFrame:
-    if len(ranks) < 2:
+def rank_skew(finishes: Sequence[pl.DataFrame]) -> pl.DataFrame:
+    """From each rank's `layer_finish`, in rank order."""
+    if len(finishes) < 2:
         return pl.DataFrame(schema={"ordinal": pl.Int64, "layer": pl.Int64, "last_rank": pl.Int64,
                                     "skew_us": pl.Float64})
-    frames = [layer_finish(a).with_columns(pl.lit(i, pl.Int64).alias("rank")) for i, a in enumerate(ranks)]
+    frames = [finish.with_columns(pl.lit(i, pl.Int64).alias("rank")) for i, finish in enumerate(finishes)]
     both = pl.concat(frames)
-    common = both.group_by("ordinal", "layer").agg(pl.len().alias("n")).filter(pl.col("n") == len(ranks))
+    common = both.group_by("ordinal", "layer").agg(pl.len().alias("n")).filter(pl.col("n") == len(finishes))
     return (
         both.join(common.select("ordinal", "layer"), on=["ordinal", "layer"])
         .group_by("ordinal", "layer")

@@ -16,8 +16,11 @@ import numpy as np
 from k3trace.analyses.stepgraph import SLOTS
 from k3trace.diff.edits import EditScript
 
-#: Variants replayed together; memory is about 10 x BATCH x nodes x 8 bytes.
-BATCH = 256
+#: Variants replayed together; memory is about 10 x BATCH x nodes x 8 bytes (at ~2,200
+#: union nodes 180 MB, under the diff's peak while its analyses run). The pass's Python loop
+#: over the nodes costs about as much for 1024 variants as for 256: the sampled Shapley
+#: estimate of two full-depth exports (944 variants) in one pass, not four.
+BATCH = 1024
 
 
 def _gather(applied: np.ndarray, owner: np.ndarray) -> np.ndarray:

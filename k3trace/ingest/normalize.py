@@ -13,6 +13,7 @@ import polars as pl
 from k3trace.errors import ReportError
 from k3trace.ingest import schema, validate
 from k3trace.ingest.tables import TRUNCATED, TableSource
+from k3trace.ordering import sorted_by
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -145,7 +146,7 @@ def kernels(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.D
          "correlationId": "correlation_id", "graphNodeId": "graph_node_id", "graphId": "graph_id"}
     )
     # Rows are not guaranteed to be in time order (METRICS.md, "Inputs").
-    return _cast(frame, "kernels").sort("start", "end"), _cast_rejected(rejected), found
+    return sorted_by(_cast(frame, "kernels"), "start", "end"), _cast_rejected(rejected), found
 
 
 def _cast_rejected(frame: pl.DataFrame) -> pl.DataFrame:
@@ -164,7 +165,7 @@ def runtime(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, list
         {"globalTid": "global_tid", "correlationId": "correlation_id", "returnValue": "return_value"}
     )
     frame = frame.with_columns(schema.global_pid(pl.col("global_tid").cast(pl.Int64)).alias("global_pid"))
-    return _cast(frame, "runtime").sort("start"), found
+    return sorted_by(_cast(frame, "runtime"), "start"), found
 
 
 def nvtx(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, list[dict]]:
@@ -192,7 +193,7 @@ def nvtx(src: TableSource, strings: pl.DataFrame) -> tuple[pl.DataFrame, list[di
         )
         .rename({"eventType": "event_type", "globalTid": "global_tid"})
     )
-    return _cast(frame, "nvtx").sort("start"), found
+    return sorted_by(_cast(frame, "nvtx"), "start"), found
 
 
 def graph_nodes(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
@@ -204,7 +205,7 @@ def graph_nodes(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
     frame = _resolve(raw, strings, "nameId", "event").rename(
         {"globalTid": "global_tid", "graphNodeId": "graph_node_id", "originalGraphNodeId": "original_graph_node_id"}
     )
-    return _cast(frame, "graph_nodes").sort("start")
+    return sorted_by(_cast(frame, "graph_nodes"), "start")
 
 
 def sync(src: TableSource) -> pl.DataFrame:
