@@ -49,15 +49,20 @@ def pdl_coupled(script: EditScript, contribution_ns: np.ndarray, stderr_ns: np.n
     c = np.asarray(contribution_ns, dtype=np.float64)
     owner = np.where(script.owner_duration >= 0, script.owner_duration, script.owner_presence)
     significant = np.abs(c) > np.maximum(3.0 * np.asarray(stderr_ns, dtype=np.float64), floor_ns)
-    neighbours: dict[int, set[int]] = {}
+    # The player pairs the PDL edges of both builds link (one row per distinct pair: the
+    # edges are per kernel, the players per kernel name and kind across layers).
+    pairs = []
     for pdl_pred in (union.pdl_pred_old, union.pdl_pred_new):
         dependents = np.flatnonzero(pdl_pred >= 0)
         a, b = owner[pdl_pred[dependents]], owner[dependents]
         keep = (a >= 0) & (b >= 0) & (a != b)
-        for x, y in zip(a[keep].tolist(), b[keep].tolist()):
-            if significant[x] and significant[y]:
-                neighbours.setdefault(x, set()).add(y)
-                neighbours.setdefault(y, set()).add(x)
+        pairs.append(np.stack([a[keep], b[keep]], axis=1))
+    linked = np.unique(np.sort(np.concatenate(pairs), axis=1), axis=0)
+    linked = linked[significant[linked[:, 0]] & significant[linked[:, 1]]]
+    neighbours: dict[int, set[int]] = {}
+    for x, y in linked.tolist():
+        neighbours.setdefault(x, set()).add(y)
+        neighbours.setdefault(y, set()).add(x)
     rows: list[tuple[int, int]] = []
     taken: set[int] = set()
     for seed in sorted(neighbours, key=lambda p: (-abs(c[p]), p)):
