@@ -96,14 +96,20 @@ def union(frame: pl.DataFrame, by: Keys, start: str = "start", end: str = "end")
     return _union(base, by, *_group_index([base], by))
 
 
-def _union(base: pl.DataFrame, by: list[str], group: np.ndarray) -> pl.DataFrame:
-    s, e = _times(base, "start"), _times(base, "end")
+def _merged(frame: pl.DataFrame, group: np.ndarray):
+    """The union's blocks, in group order: each block's first row, its group, and its start
+    and end on the groups' line (`line.off` maps them back)."""
+    s, e = _times(frame, "start"), _times(frame, "end")
     line = _Line.spanning([s, e], [group])
     flat_s = line.on(s, group)
     order = np.argsort(flat_s, kind="stable")
     first, block_start, block_end = _blocks(flat_s, line.on(e, group), order)
     rows = order[first]
-    g = group[rows]
+    return rows, group[rows], block_start, block_end, line
+
+
+def _union(base: pl.DataFrame, by: list[str], group: np.ndarray) -> pl.DataFrame:
+    rows, g, block_start, block_end, line = _merged(base, group)
     return base.select(by)[rows].with_columns(pl.Series("start", line.off(block_start, g)),
                                               pl.Series("end", line.off(block_end, g)))
 
@@ -124,13 +130,7 @@ def union_length(frame: pl.DataFrame, by: Keys, name: str = "length") -> pl.Data
     if not by or frame.is_empty():
         return length(union(frame, by), by, name)
     (group,) = _group_index([frame], by)
-    s, e = _times(frame, "start"), _times(frame, "end")
-    line = _Line.spanning([s, e], [group])
-    flat_s = line.on(s, group)
-    order = np.argsort(flat_s, kind="stable")
-    first, block_start, block_end = _blocks(flat_s, line.on(e, group), order)
-    rows = order[first]
-    g = group[rows]
+    rows, g, block_start, block_end, _ = _merged(frame, group)
     opens = np.ones(len(g), dtype=bool)
     opens[1:] = g[1:] != g[:-1]
     at = np.flatnonzero(opens)
