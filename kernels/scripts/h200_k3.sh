@@ -304,16 +304,17 @@ campaign16)  # the skinny GEMM's configs re-picked one call at a time (not back 
     --json $OUT/ops16_b1.json 2>&1 | grep "^linear"
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --skinny-table $OUT/ops16_b1.json \
     --variants $C20 $C20@skinny $C20 $C20@skinny --json $OUT/step16.json 2>&1 | grep "B=" ;;
-campaign18)  # linear_tma: the skinny GPU tests, the TMA case and its sweep, C20 / C24; side_priority (C25, C26)
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k sm90_compile 2>&1 | tail -1  # this Triton
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py -k skinny 2>&1 \
-    | tee $OUT/gpu18.log | tail -1
-  timeout 240 python3 bench/bench_k3_ops.py --batch 1 --cases linear_tma --json $OUT/ops18_b1.json 2>&1 \
-    | tee $OUT/ops18_b1.log
+campaign18)  # linear_tma, side_priority: the step A/B first (C20 / C24; C25, C26, C27), then the skinny GPU tests
   timeout 100 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C24 $C20 $C24 \
     --json $OUT/step18.json 2>&1 | grep "B="
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C25 $C24 $C26 $C27 $C20 $C25 $C27 \
-    --json $OUT/step18p.json 2>&1 | grep "B=" ;;
+    --json $OUT/step18p.json 2>&1 | grep "B="
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py -k skinny 2>&1 \
+    | tee $OUT/gpu18.log | tail -1 ;;
+campaign18_ops)  # the TMA case and its sweep (bench_k3_ops), and the offline sm_90 compile on this Triton
+  timeout 240 python3 bench/bench_k3_ops.py --batch 1 --cases linear_tma --json $OUT/ops18_b1.json 2>&1 \
+    | tee $OUT/ops18_b1.log
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k sm90_compile 2>&1 | tail -1 ;;
 campaign17)  # attn_res_in_o_proj: its op and model GPU tests, C20 / C23 interleaved, C23 recorded (2 runs)
   test_time_record "o_proj_epilogue or attn_res" 17 c23 $C23 ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)
