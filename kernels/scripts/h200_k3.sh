@@ -93,6 +93,9 @@ C25=$C20+side_priority
 C26=$C24+side_priority
 # linear_split_k (round four) starved the router leg beside the split front: with the legs first?
 C27=$C20+linear_split_k+side_priority
+# linear_tma was even and side_priority slower (campaign18). attn_res_early_rows again, on C20:
+# its combine with attn_res_dot no longer spills on Triton 3.6 (the partials summed in index order).
+C28=$C20+attn_res_early_rows
 
 case $phase in
 campaign_test)
@@ -315,6 +318,22 @@ campaign18_ops)  # the TMA case and its sweep (bench_k3_ops), and the offline sm
   timeout 240 python3 bench/bench_k3_ops.py --batch 1 --cases linear_tma --json $OUT/ops18_b1.json 2>&1 \
     | tee $OUT/ops18_b1.log
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k sm90_compile 2>&1 | tail -1 ;;
+campaign19)  # attn_res_early_rows on C20: its GPU tests, the standalone case, C20 / C28 at B = 1, 8, 64
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
+    -k "attn_res_dot_k3 or matches_reference or kernel_nodes" 2>&1 | tee $OUT/gpu19.log | tail -1
+  timeout 100 python3 bench/bench_k3_ops.py --batch 1 --cases "attn_res_fused" "attn_res_fused, 2 rows" \
+    --json $OUT/ops19_b1.json 2>&1 | grep -i "early\|dot\|score"
+  timeout 130 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C28 $C20 $C28 $C20 $C28 \
+    --json $OUT/step19.json 2>&1 | grep "B="
+  timeout 150 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C28 \
+    --json $OUT/step19_b8_64.json 2>&1 | grep "B=" ;;
+campaign19_rec)  # C28 recorded at full depth (2 runs) and its 8-layer fixture
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c28_$r --steps 40 --variant $C28; done
+  rec k3_bs1_c28 --layers 8 --steps 40 --variant $C28
+  rec k3_bs1_c20 --layers 8 --steps 40 --variant $C20
+  pack k3_c28 ;;
 campaign17)  # attn_res_in_o_proj: its op and model GPU tests, C20 / C23 interleaved, C23 recorded (2 runs)
   test_time_record "o_proj_epilogue or attn_res" 17 c23 $C23 ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)

@@ -212,8 +212,17 @@ def _early_vs_late(B, H, n_rows, dot, seed):
     for adds in ({}, {"addend": addend}, {"addend": addend, "addend2": addend2}):
         late = _aggregate(bank, n_rows, query, gamma, **adds, dot=dot)
         early = _aggregate(bank, n_rows, query, gamma, **adds, dot=dot, early=True)
-        for a, b in zip(late, early):
+        if not dot:
+            for a, b in zip(late, early):
+                assert torch.equal(a, b)
+            continue
+        # With attn_res_dot the early combine sums the chunks' partials in index order (the
+        # late one in one tree reduction): the bank and the partials bit for bit, the output
+        # within an fp32 reordering of the few-KB sum (at most one bf16 step).
+        (*same_l, out_l), (*same_e, out_e) = late, early
+        for a, b in zip(same_l, same_e):
             assert torch.equal(a, b)
+        close(out_e, out_l, atol=2 ** -7, rtol=2 ** -7)
 
 
 @pytest.mark.parametrize("n_rows", [1, 3, 8])
@@ -229,7 +238,8 @@ def test_attn_res_dot(n_rows, folded):
 @pytest.mark.parametrize("dot", [False, True])
 def test_attn_res_early_rows_bitwise(n_rows, dot):
     """Variant attn_res_early_rows moves loads before the PDL wait and changes no arithmetic:
-    bank, partials and output bit for bit, with and without the folded addends."""
+    bank, partials and output bit for bit, with and without the folded addends (with
+    attn_res_dot the output within one bf16 step: the partials summed in index order)."""
     _early_vs_late(2, 1100, n_rows, dot, 33)
 
 
@@ -873,14 +883,7 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
         pdl = pdl and "cp.async.bulk.tensor" in ptx
     if kernel.__name__ == "moe_front_router_kernel":  # the tickets' acq_rel arrivals
         pdl = pdl and "atom.global.gpu.acq_rel.add" in ptx
-    # Known, not kept (kernels/README.md, round 3): with the H200's Triton 3.6 the combine
-    # of attn_res_dot + attn_res_early_rows gets 32 registers and spills ~11 KB per thread
-    # (3.7.1: 235-240 registers, no spill), the cause of that variant's 85 us.
-    known = (kernel.__name__ == "attn_res_combine_kernel" and consts.get("EARLY_ROWS") and consts.get("ONE_SHOT")
-             and triton.__version__.startswith("3.6."))
-    if known and spills:
-        print("known spills:", kernel.__name__, "EARLY_ROWS + ONE_SHOT on triton", triton.__version__)
-    elif r.returncode or spills or not pdl:
+    if r.returncode or spills or not pdl:
         bad.append(kernel.__name__)
 print("compiled", len(seen), "variants; bad:", bad)
 sys.exit(1 if bad else 0)

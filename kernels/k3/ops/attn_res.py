@@ -224,7 +224,16 @@ def attn_res_combine_kernel(bank, scores, gamma, out, n_rows, H, NC,
         x = tl.load(base[None, :] + rs[:, None] * stride_br, mask=(rs[:, None] < last) & hm[None, :],
                     other=0.0, cache_modifier=".cg").to(tl.float32)
     pdl_wait(USE_PDL)
-    if ONE_SHOT:
+    if ONE_SHOT and EARLY_ROWS:
+        # The partials summed in index order, their NC loads unrolled so they still issue
+        # back to back. Not the one [NCP, R, W] load below: beside the early tile, Triton 3.6
+        # (the H200's) compiles that to 32 registers and ~11 KB of spills per thread, the
+        # cause of this variant's 85 us in round three (3.7.1 has no spill either way).
+        G = tl.zeros([R, W], dtype=tl.float32)
+        for i in tl.static_range(NCP):
+            if i < NC:
+                G += tl.load(scores + ((b * NC + i) * R + rs[:, None]) * W + ws[None, :])
+    elif ONE_SHOT:
         # Variant attn_res_dot: every chunk's partial in one [NCP, R, W] load (one L2 round
         # trip instead of NC dependent ones).
         ns = tl.arange(0, NCP)
@@ -423,7 +432,8 @@ def attn_res_combine(bank: torch.Tensor, n_rows: int, scores: torch.Tensor, gamm
                      early_rows: bool = False, delay_ns: int = 0) -> torch.Tensor:
     """out = RMSNorm(sum_r softmax(score)_r bank[r]) * gamma. `one_shot` (variant
     attn_res_dot): the partials and the rows each in one load, the mix a tree sum;
-    `early_rows`: every row but the last loads before the PDL wait, same arithmetic.
+    `early_rows`: every row but the last loads before the PDL wait, same arithmetic (with
+    `one_shot`, the partials summed in index order: fp32 sums in another order).
     `scores` holds the score kernel's partials, or (one token, one_shot) the GEMM
     epilogue's, one per column block (gemm_scores_shape: variant attn_res_in_o_proj)."""
     _check_bank(bank, n_rows)
