@@ -496,6 +496,61 @@ def linear_tma(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+#: moe_down_mix configs swept one call at a time: (BLOCK_N, BLOCK_K, warps, stages).
+DOWN_MIX_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (64, 128) for w in (4, 8) for st in (3, 4, 6)]
+
+
+def moe_down(B: int, calls: int) -> dict[str, float]:
+    """Variant moe_down_mixed at the K3 down shape (896 experts of 3584 x 384, top-16): the
+    grouped down GEMM + the weighted sum against moe_down_mix, with and without the routed
+    SiTU in front (situ_fused), back to back and one call at a time; then moe_down_mix over
+    DOWN_MIX_SWEEP one call at a time. Each call routes to another draw of 16 experts, so the
+    calls stream distinct weights (44 MB each) as the step's layers do."""
+    from kernels.k3.ops import moe
+
+    assert B == 1, "moe_down_mixed is a one-token variant"
+    g = torch.Generator(device="cuda").manual_seed(6)
+    E, N, K, top_k = 896, 3584, 384, 16
+    w2 = torch.randn(E, N, K, device="cuda", dtype=BF, generator=g) * K ** -0.5
+    n = 16  # 16 draws x 44 MB: no call finds its weights in L2
+    ids = [torch.randperm(E, generator=torch.Generator().manual_seed(60 + i))[:top_k].to("cuda", torch.int32)[None]
+           for i in range(n)]
+    aligned = []
+    for i in range(n):
+        al = (torch.empty(top_k, device="cuda", dtype=torch.int32), torch.empty(top_k, device="cuda", dtype=torch.int32),
+              torch.empty(top_k + 1, device="cuda", dtype=torch.int32), torch.empty(1, device="cuda", dtype=torch.int32))
+        moe.moe_align(ids[i], E, *al)
+        aligned.append(al)
+    tw = torch.rand(1, top_k, device="cuda", generator=g)
+    gu = torch.randn(top_k, 2 * K, device="cuda", dtype=BF, generator=g)
+    h = torch.empty(top_k, K, device="cuda", dtype=BF)
+    y = torch.empty(top_k, N, device="cuda", dtype=BF)
+    out = torch.empty(1, N, device="cuda", dtype=BF)
+
+    def pair(i, act=False):
+        if act:
+            moe.situ_mul(gu, h)
+        moe.moe_grouped_gemm(h, w2, *aligned[i % n], y, top_k=top_k, x_is_per_token=False)
+        moe.moe_weighted_sum(y, tw, out)
+
+    def mixed(i, act=False, config=None):
+        moe.moe_down_mix(gu if act else h, w2, ids[i % n], tw, out, act_in=act, config=config)
+
+    moe.situ_mul(gu, h)
+    res = {}
+    for tag, act in (("", False), (" (situ in front)", True)):
+        res[f"grouped down + weighted sum{tag} back to back"] = per_call_us(lambda i, a=act: pair(i, a), calls)
+        res[f"grouped down + weighted sum{tag} one call"] = single_call_us(lambda i, a=act: pair(i, a), n)
+        res[f"moe_down_mix{tag} back to back {moe.DOWN_MIX_CONFIG}"] = per_call_us(lambda i, a=act: mixed(i, a), calls)
+        res[f"moe_down_mix{tag} one call {moe.DOWN_MIX_CONFIG}"] = single_call_us(lambda i, a=act: mixed(i, a), n)
+    for cfg in DOWN_MIX_SWEEP:
+        if cfg != moe.DOWN_MIX_CONFIG:
+            res[f"moe_down_mix sweep {cfg} one call"] = _try_us(lambda i, c=cfg: mixed(i, config=c), calls, n)
+    del w2
+    torch.cuda.empty_cache()
+    return res
+
+
 def _copies(nbytes: int) -> int:
     return max(2, -(-240_000_000 // nbytes))  # > 4x the L2 in flight across the calls
 
@@ -643,7 +698,8 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "moe_sum_norm_fused": (92, "weighted sum -> norm -> up", "moe_sum_norm_fused"),
            "mla_proj_merged": (24, "q_a, kv_a, g_proj", "mla_proj_merged"),
            "router_in_front": (92, "c20 head", "router_in_front (64, 128, 4, 4) x(8, 2) (default)"),
-           "attn_res_in_o_proj": (93, "o_proj -> score -> combine", "attn_res_in_o_proj:")}
+           "attn_res_in_o_proj": (93, "o_proj -> score -> combine", "attn_res_in_o_proj:"),
+           "moe_down_mixed": (92, "grouped down + weighted sum one call", "moe_down_mix one call")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
@@ -674,7 +730,7 @@ def main() -> int:
             "kda_conv_fused": lambda: kda_conv(B, args.calls), "mla_proj_merged": lambda: mla_proj(B, args.calls),
             "router_in_front": lambda: front_router(B, args.calls),
             "attn_res_in_o_proj": lambda: o_proj_score(B, args.calls),
-            "linear_tma": lambda: linear_tma(B, args.calls)}
+            "linear_tma": lambda: linear_tma(B, args.calls), "moe_down_mixed": lambda: moe_down(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

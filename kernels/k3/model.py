@@ -49,6 +49,7 @@ from kernels.k3.ops.mla import gate_mul, mla_cache_insert, mla_decode_combine, m
 from kernels.k3.ops.moe import (
     alloc_front_router_done,
     moe_align,
+    moe_down_mix,
     moe_front_router,
     moe_grouped_gemm,
     moe_router,
@@ -712,7 +713,13 @@ class K3Decode:
                 self._join(router)
             self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg, s.expert_gu,
                          top_k=cfg.top_k, x_is_per_token=True)
-            if v.situ_fused:  # the down GEMM applies SiTU as it loads gate|up
+            mixed = P.down_mixes(cfg, v)
+            if mixed:  # the down GEMM forms the weighted sum (with situ_fused, from gate|up)
+                if not v.situ_fused:
+                    self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
+                self._triton(P.EXPERT_DOWN, moe_down_mix, s.expert_gu if v.situ_fused else s.expert_h,
+                             w.w2, s.topk_ids[l], weights, s.routed_lat, act_in=v.situ_fused)
+            elif v.situ_fused:  # the down GEMM applies SiTU as it loads gate|up
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_gu, w.w2, *seg, s.expert_y,
                              top_k=cfg.top_k, x_is_per_token=False, act_in=True)
             else:
@@ -726,6 +733,10 @@ class K3Decode:
             elif P.sum_norm_fuses(cfg, v):
                 self._triton(P.WEIGHTED_SUM, moe_weighted_sum_norm, s.expert_y, weights, w.latent_norm,
                              s.routed_lat_n, cfg.norm_eps)
+                self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
+            elif mixed:
+                self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
+                             cfg.norm_eps)
                 self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
             elif P.latent_norm_folds(cfg, v):
                 self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,

@@ -87,6 +87,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "situ_mul": ("situ_mul_kernel",),
     "moe_weighted_sum": ("moe_weighted_sum_kernel",),
     "moe_weighted_sum_norm": ("moe_weighted_sum_norm_kernel",),  # moe_sum_norm_fused
+    "moe_down_mix": ("moe_down_mix_kernel",),    # moe_down_mixed: the down GEMM + the weighted sum
     "gemv": ("gemv_kernel",),
     "skinny_mm": ("skinny_mm_kernel",),
     "skinny_mm_mixnorm": ("skinny_mm_kernel",),  # the same kernel with MIX_K (moe_tail_fused)
@@ -371,13 +372,22 @@ def latent_norm_folds(cfg: K3Config, v: Variant) -> bool:
     return v.latent_norm_folded and linear_is_triton(cfg, v, UP) and not moe_tail_fuses(cfg, v)
 
 
+def down_mixes(cfg: K3Config, v: Variant) -> bool:
+    """moe_down_mixed: at B = 1 (one token's experts are distinct, so each program reads every
+    weight column it needs once) the routed down GEMM forms the weighted sum of its expert
+    rows itself, so the sum's launch and its dependent hop go. Not with the tails that read
+    the expert rows or the sum's sums of squares (moe_tail_fused, latent_norm_folded)."""
+    return (v.moe_down_mixed and cfg.batch == 1 and not moe_tail_fuses(cfg, v)
+            and not latent_norm_folds(cfg, v))
+
+
 def sum_norm_fuses(cfg: K3Config, v: Variant) -> bool:
     """moe_sum_norm_fused: at B <= SKINNY_MAX_B one program per token forms the weighted sum
     of its expert rows and the latent RMSNorm of it (the row fits its registers), so the
     norm's launch and its dependent hop go. Not with the two tails that already take the
     norm (moe_tail_fused, latent_norm_folded)."""
     return (v.moe_sum_norm_fused and cfg.batch <= SKINNY_MAX_B and not moe_tail_fuses(cfg, v)
-            and not latent_norm_folds(cfg, v))
+            and not latent_norm_folds(cfg, v) and not down_mixes(cfg, v))
 
 
 def _moe_tail(cfg: K3Config, v: Variant) -> list[Item]:
@@ -386,6 +396,8 @@ def _moe_tail(cfg: K3Config, v: Variant) -> list[Item]:
         return [_t(UP, MAIN, "skinny_mm_mixnorm")]
     if sum_norm_fuses(cfg, v):
         return [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum_norm"), _mm(UP, MAIN)]
+    if down_mixes(cfg, v):  # the sum was formed by the down GEMM
+        return [_t(LATENT_NORM, MAIN, "rmsnorm"), _mm(UP, MAIN)]
     norm = [] if latent_norm_folds(cfg, v) else [_t(LATENT_NORM, MAIN, "rmsnorm")]
     return [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"), *norm, _mm(UP, MAIN)]
 
@@ -412,7 +424,7 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
         *head,
         _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"),
         *([] if v.situ_fused else [_t(EXPERT_ACT, MAIN, "situ_mul")]),
-        _t(EXPERT_DOWN, MAIN, "moe_grouped_gemm"),
+        _t(EXPERT_DOWN, MAIN, "moe_down_mix" if down_mixes(cfg, v) else "moe_grouped_gemm"),
         *prefetch_leg(v),  # the up GEMM's weight, during the weighted sum and the norm
         *_moe_tail(cfg, v),
         Join(AUX1), _t(ADD3, MAIN, "add3"), AllReduce(),

@@ -47,6 +47,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "attn_res_in_o_proj": ("attn_res_in_o_proj", True),    # the pre-MLP score in the o_proj's epilogue
     "linear_tma": ("linear_tma", True),                    # the skinny GEMMs' weights by TMA descriptor
     "side_priority": ("side_priority", True),              # S1 and S2 above main's stream priority
+    "moe_down_mixed": ("moe_down_mixed", True),            # seed 003 (fused tails): the sum in the down GEMM
 }
 
 DELAY_PREFIX = "delay"
@@ -88,6 +89,7 @@ class Variant:
                                       # its output to the partial and scores its columns (no score launch)
     linear_tma: bool = False         # with triton_linear: the skinny GEMMs stream their weight tiles by TMA
     side_priority: bool = False      # the side streams (S1, S2) at high CUDA stream priority
+    moe_down_mixed: bool = False     # B = 1: the routed down GEMM forms the weighted sum itself
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down

@@ -96,6 +96,10 @@ C27=$C20+linear_split_k+side_priority
 # linear_tma was even and side_priority slower (campaign18). attn_res_early_rows again, on C20:
 # its combine with attn_res_dot no longer spills on Triton 3.6 (the partials summed in index order).
 C28=$C20+attn_res_early_rows
+# attn_res_early_rows was slower again (campaign19). The routed down GEMM forms the weighted
+# sum itself (moe_down_mixed, C29), and with the routed SiTU in its load too (C30).
+C29=$C20+moe_down_mixed
+C30=$C29+situ_fused
 
 case $phase in
 campaign_test)
@@ -327,6 +331,15 @@ campaign19)  # attn_res_early_rows on C20: its GPU tests, the standalone case, C
     --json $OUT/step19.json 2>&1 | grep "B="
   timeout 150 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C28 \
     --json $OUT/step19_b8_64.json 2>&1 | grep "B=" ;;
+campaign20)  # moe_down_mixed: its GPU tests, the standalone case and sweep, C20 / C29 / C30 at B = 1
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k down_mix 2>&1 \
+    | tee $OUT/gpu20.log | tail -1
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k moe_down_mixed 2>&1 \
+    | tee -a $OUT/gpu20.log | tail -1
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases moe_down_mixed --json $OUT/ops20_b1.json 2>&1 \
+    | tee $OUT/ops20_b1.log
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C29 $C30 $C20 $C29 $C30 \
+    --json $OUT/step20.json 2>&1 | grep "B=" ;;
 campaign19_rec)  # C28 recorded at full depth (2 runs) and its 8-layer fixture
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

@@ -666,6 +666,33 @@ def test_moe_chain():
         exact(y_f, y)
 
 
+@pytest.mark.parametrize("B,E,K,N,KD,config", [
+    (1, 32, 4, 96, 160, (32, 64, 4, 2)),   # masked K tail (160 = 2.5 blocks), one token
+    (3, 16, 4, 48, 128, (32, 64, 4, 3)),   # masked N tail, three tokens
+    (1, 64, 16, 64, 384, None),            # the default config; top-16 of 64, K = 384 as in K3
+])
+def test_moe_down_mix(B, E, K, N, KD, config):
+    """Variant moe_down_mixed: the down GEMM with the weighted sum inside vs the float64
+    composition (h @ w[e].T, weighted by the router's weights, summed over k): one bf16
+    rounding at the end. With act_in (situ_fused) the operand is situ_mul's bf16 output: the
+    same as launching situ_mul first."""
+    g = gen(19)
+    ids = _random_ids(B, E, K, 19)
+    tw = torch.rand(B, K, generator=g, device=DEV, dtype=F32)
+    w = randn(g, E, N, KD, scale=KD ** -0.5)
+    gu = randn(g, B * K, 2 * KD, scale=2.0)
+    h = torch.empty(B * K, KD, device=DEV, dtype=BF)
+    moe.situ_mul(gu, h)
+    out, out_act = (torch.empty(B, N, device=DEV, dtype=BF) for _ in range(2))
+    moe.moe_down_mix(h, w, ids, tw, out, config=config)
+    moe.moe_down_mix(gu, w, ids, tw, out_act, act_in=True, config=config)
+    want = R.ref_moe_weighted_sum(R.ref_moe_grouped_gemm(h, w, ids, x_is_per_token=False).double(), tw)
+    close(out, want)
+    close(out_act, out, atol=1e-2, rtol=1e-2)
+    if CUDA:  # the same bf16 operand by the same instructions
+        exact(out_act, out)
+
+
 def test_delay_ns_is_accepted():
     """Every launcher takes delay_ns; the interpreter forces it to 0 (no globaltimer)."""
     g = gen(18)
@@ -812,6 +839,9 @@ for B in (1, 8, 64):
     moe.situ_mul(e(P, 768), e(P, 384)); moe.situ_mul(e(B, 6016)[:, 4480:], e(B, 768))
     moe.moe_weighted_sum(e(P, 3584), w, e(B, 3584))
     moe.moe_weighted_sum_norm(e(P, 3584), w, e(3584), e(B, 3584))  # variant moe_sum_norm_fused
+    if B == 1:  # variant moe_down_mixed (and with situ_fused, from gate|up)
+        moe.moe_down_mix(e(P, 384), e(896, 3584, 384), ids, w, e(B, 3584))
+        moe.moe_down_mix(e(P, 768), e(896, 3584, 384), ids, w, e(B, 3584), act_in=True)
     gemv.gemv(e(B, H), e(140, H), e(B, 140)); gemv.gemv(e(B, H), e(896, H), e(B, 896))
     if B <= gemv.SKINNY_MAX_B:  # variant triton_linear: every shape's config
         for (K, N), cfg in [((H, 5120), None), *gemv.SKINNY_CONFIGS.items()]:

@@ -144,6 +144,7 @@ def test_baseline_counts():
     ("attn_res_in_o_proj", 0),          # needs the skinny o_proj and attn_res_dot (below)
     ("linear_tma", 0),                  # the same kernels, their weight loads by TMA
     ("side_priority", 0),               # the same kernels, the side streams at high priority
+    ("moe_down_mixed", -92),            # the weighted sum, now in the down GEMM (B = 1)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -300,6 +301,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
         if seg.family == "moe" and P.sum_norm_fuses(cfg, v):
             ops.append(P.LATENT_NORM)  # in the weighted sum's program
+        if seg.family == "moe" and P.down_mixes(cfg, v):
+            ops.append(P.WEIGHTED_SUM)  # in the down GEMM's program
         if seg.family == "kda" and P.kda_conv_fuses(cfg, v):
             ops.append(P.CONV)  # inside kda_step
         if P.X_PROJ in ops:  # mla_proj_merged: x's three projections in one GEMM
@@ -354,6 +357,23 @@ def test_moe_sum_norm_fused_applies_up_to_b16_and_alone():
         assert P.build_plan(cfg, parse("moe_sum_norm_fused")).triton_kernels - P.build_plan(cfg).triton_kernels == delta
     for other in ("triton_linear+latent_norm_folded", "triton_linear+moe_tail_fused"):
         assert P.build_plan(FULL, parse(f"{other}+moe_sum_norm_fused")).segments == P.build_plan(FULL, parse(other)).segments
+
+
+def test_moe_down_mixed_applies_at_b1_and_before_the_sum_norm():
+    """B = 1 only (B = 8 keeps the grouped GEMM and the sum); not with the tails that read the
+    expert rows or the sum's sums of squares; with moe_sum_norm_fused it takes the sum and the
+    norm keeps its own launch; with situ_fused the routed SiTU goes as well."""
+    for B, delta in ((1, -92), (8, 0), (64, 0)):
+        cfg = FULL.with_(batch=B)
+        assert P.build_plan(cfg, parse("moe_down_mixed")).triton_kernels - P.build_plan(cfg).triton_kernels == delta
+    for other in ("triton_linear+latent_norm_folded", "triton_linear+moe_tail_fused"):
+        assert P.build_plan(FULL, parse(f"{other}+moe_down_mixed")).segments == P.build_plan(FULL, parse(other)).segments
+    assert (P.build_plan(FULL, parse("moe_sum_norm_fused+moe_down_mixed")).segments
+            == P.build_plan(FULL, parse("moe_down_mixed")).segments)
+    both = P.build_plan(FULL, parse("situ_fused+moe_down_mixed"))
+    assert both.triton_kernels - P.build_plan(FULL).triton_kernels == -2 * 92
+    moe_kernels = {k for seg in both.segments if seg.family == "moe" for l in seg.launches for k in l.kernels}
+    assert "moe_down_mix_kernel" in moe_kernels and "moe_weighted_sum_kernel" not in moe_kernels
 
 
 def test_mla_proj_merged_takes_three_gemms_and_the_gate_leg():

@@ -470,6 +470,83 @@ def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tenso
     return out
 
 
+#: moe_down_mix's (BLOCK_N, BLOCK_K, num_warps, num_stages) at the K3 down shape (N = 3584,
+#: K = 384): 112 programs of 32 columns, each streaming its columns of all 16 experts.
+DOWN_MIX_CONFIG = (32, 128, 4, 4)
+
+
+@triton.jit
+def moe_down_mix_kernel(h, w, topk_ids, topk_w, out, N, K, stride_h, stride_we, stride_wn, stride_out,
+                        TOP_K: tl.constexpr, KP: tl.constexpr, ACT_IN: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                        DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # Variant moe_down_mixed: program (b, n-block) streams its columns of token b's TOP_K
+    # experts' down weights in one flat loop (expert-major, K blocks inside: one software
+    # pipeline). Swap-AB as in moe_grouped_gemm, but the operand tile (KP >= 16 rows, the
+    # MMA's least) holds expert k's row in row k only, so acc[:, k] collects y_k = w[e_k] h_k in fp32 and the weighted sum is one
+    # reduction over acc's columns at the end: its launch and dependent hop go.
+    b = tl.program_id(0).to(tl.int64)
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = ns < N
+    kr = tl.arange(0, BLOCK_K)
+    ms = tl.arange(0, KP)
+    nkb = tl.cdiv(K, BLOCK_K)
+    # The router wrote the weights several kernels ago: read them before the wait.
+    wv = tl.load(topk_w + b * TOP_K + ms, mask=ms < TOP_K, other=0.0)
+    pdl_wait(USE_PDL)  # h is the producer's output
+    rows = h + (b * TOP_K + ms).to(tl.int64)[:, None] * stride_h
+    acc = tl.zeros([BLOCK_N, KP], dtype=tl.float32)
+    for it in range(TOP_K * nkb):
+        k = it // nkb
+        ks = (it - k * nkb) * BLOCK_K + kr
+        e = tl.load(topk_ids + b * TOP_K + k).to(tl.int64)  # int64: E * N * K overflows int32
+        w_rows = w + e * stride_we + ns[:, None] * stride_wn + ks[None, :]
+        if EVEN_N and EVEN_K:
+            wt = tl.load(w_rows)
+        else:
+            wt = tl.load(w_rows, mask=nm[:, None] & (ks[None, :] < K), other=0.0)
+        xm = (ms[:, None] == k) & (ks[None, :] < K)
+        if ACT_IN:  # with situ_fused: h is the gate|up row, SiTU'd and rounded as situ_mul stores it
+            gt = tl.load(rows + ks[None, :], mask=xm, other=0.0).to(tl.float32)
+            ut = tl.load(rows + K + ks[None, :], mask=xm, other=0.0).to(tl.float32)
+            xt = tl.where(xm, to_dtype(_situ(gt, ut), h.dtype.element_ty), 0.0).to(h.dtype.element_ty)
+        else:
+            xt = tl.load(rows + ks[None, :], mask=xm, other=0.0)
+        acc = dot(wt, tl.trans(xt), acc, DOT_F32)
+    mix = tl.sum(acc * wv[None, :], 1)
+    tl.store(out + b * stride_out + ns, to_dtype(mix, out.dtype.element_ty), mask=nm)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+def moe_down_mix(h: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
+                 out: torch.Tensor, *, act_in: bool = False,
+                 config: tuple[int, int, int, int] | None = None, delay_ns: int = 0) -> torch.Tensor:
+    """out[b] = sum_k topk_w[b, k] * h[b * top_k + k] @ w[topk_ids[b, k]].T: the down GEMM
+    and moe_weighted_sum in one launch (variant moe_down_mixed; fp32 sums in another order
+    than the pair's, and no bf16 rounding of the expert rows in between).
+
+    w is the expert bank [E, N, K] (K contiguous); h [B * top_k, K], or with `act_in`
+    (situ_fused) the [B * top_k, 2K] gate|up rows. `config`: (BLOCK_N, BLOCK_K, warps,
+    stages), default DOWN_MIX_CONFIG. Grid (B, cdiv(N, BLOCK_N)); each program reads its
+    columns of all top_k experts, so it pays where one token's experts are distinct (B = 1)."""
+    _, N, K = w.shape
+    B, top_k = topk_ids.shape
+    assert topk_w.shape == (B, top_k) and topk_ids.is_contiguous() and topk_w.is_contiguous()
+    assert topk_w.dtype == torch.float32 and w.stride(2) == 1 and h.stride(1) == 1
+    assert h.shape == (B * top_k, 2 * K if act_in else K)
+    assert out.shape == (B, N) and out.stride(1) == 1
+    block_n, block_k, warps, stages = config or DOWN_MIX_CONFIG
+    BLOCK_N = max(16, min(block_n, next_pow2(N)))
+    BLOCK_K = max(16, min(block_k, next_pow2(K)))
+    launch(moe_down_mix_kernel, (B, cdiv(N, BLOCK_N)), h, w, topk_ids, topk_w, out, N, K,
+           h.stride(0), w.stride(0), w.stride(1), out.stride(0), TOP_K=top_k, KP=max(16, next_pow2(top_k)),
+           ACT_IN=act_in,
+           BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, EVEN_N=N % BLOCK_N == 0, EVEN_K=K % BLOCK_K == 0,
+           DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # SiTU-mul and the weighted sum
 # --------------------------------------------------------------------------------------
