@@ -16,6 +16,8 @@
 #                  step against the HBM floor for each cumulative build (B = 1, 8, 64)
 #   campaign_rec   (carry .nsys)  full-depth bs1 recordings of each cumulative build, two runs
 #                  each (noise bands from repeats), 60 steps; the 8-layer fixtures of each build
+#   record_build cNN (carry .nsys)  one build of the campaign recorded (2 full-depth runs, its
+#                  8-layer fixture and c20's), e.g. `record_build c29` after campaign20
 # Leaves logs and compressed .qdstrm files in $OUT.
 set -u
 phase=${1:?phase}
@@ -340,13 +342,14 @@ campaign20)  # moe_down_mixed: its GPU tests, the standalone case and sweep, C20
     | tee $OUT/ops20_b1.log
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C29 $C30 $C20 $C29 $C30 \
     --json $OUT/step20.json 2>&1 | grep "B=" ;;
-campaign19_rec)  # C28 recorded at full depth (2 runs) and its 8-layer fixture
+record_build)  # record_build cNN: build CNN recorded at full depth (2 runs), its 8-layer fixture and c20's
+  v=C${2#c}; [ -n "${!v:-}" ] || { echo "no build $v in this script"; exit 2; }
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
-  for r in a b; do rec k3_full_c28_$r --steps 40 --variant $C28; done
-  rec k3_bs1_c28 --layers 8 --steps 40 --variant $C28
+  for r in a b; do rec k3_full_$2_$r --steps 40 --variant ${!v}; done
+  rec k3_bs1_$2 --layers 8 --steps 40 --variant ${!v}
   rec k3_bs1_c20 --layers 8 --steps 40 --variant $C20
-  pack k3_c28 ;;
+  pack k3_$2 ;;
 campaign17)  # attn_res_in_o_proj: its op and model GPU tests, C20 / C23 interleaved, C23 recorded (2 runs)
   test_time_record "o_proj_epilogue or attn_res" 17 c23 $C23 ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)
