@@ -127,6 +127,9 @@ def main() -> int:
     p.add_argument("--split-table", default="",
                    help="bench_k3_ops.py --split-sweep JSON: linear_split_k takes its splits from it "
                         "(the shapes where splitting won), to time a candidate table before it is committed")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed runs of the first build per batch before the list (0: none): the first "
+                        "build timed in a process runs ~0.17 ms fast at B = 1 (kernels/README.md, round 7)")
     args = p.parse_args()
     from kernels.k3 import build_model
 
@@ -142,13 +145,19 @@ def main() -> int:
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + written)")
     rows = []
     for batch in args.batches:
-        for variant in args.variants:
+        for i, variant in enumerate([args.variants[0]] * args.warmup + args.variants):
+            warmup = i < args.warmup
             build, _, front = variant.partition("@front=")
             build, skinny, _ = build.partition("@skinny")
             model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build, delay_kernel="",
                                                 delay_ns=0, no_fork=False))
             with front_router_config(front), skinny_configs(args.skinny_table if skinny else ""):  # read at capture
                 step_ms = time_step(model, args.replays)
+            if warmup:
+                print(f"B={batch:3d} {variant}: warm-up {step_ms:8.3f} ms (not a sample)")
+                del model
+                torch.cuda.empty_cache()
+                continue
             parts = bytes_read_per_step(model)
             total = sum(parts.values())
             floor_ms = total / bw * 1e3
