@@ -101,6 +101,20 @@ def front_router_config(spec: str):
         moe.FRONT_ROUTER_CONFIG, moe.FRONT_ROUTER_SPLITS = saved
 
 
+@contextmanager
+def down_mix_config(spec: str):
+    """`BN,BK,WARPS,STAGES` (empty: the default): moe_down_mixed's config."""
+    from kernels.k3.ops import moe
+
+    saved = moe.DOWN_MIX_CONFIG
+    if spec:
+        moe.DOWN_MIX_CONFIG = tuple(int(v) for v in spec.split(","))
+    try:
+        yield
+    finally:
+        moe.DOWN_MIX_CONFIG = saved
+
+
 def time_step(model, replays: int) -> float:
     from kernels.record_loop import capture, time_replays
 
@@ -120,7 +134,8 @@ def main() -> int:
     p.add_argument("--json", default="")
     p.add_argument("--variants", nargs="+", default=["baseline"],
                    help="builds to time side by side in this run (the floor uses each build's routing); "
-                        "BUILD@front=BN,BK,WARPS,STAGES/SR,SF times router_in_front at that config and split")
+                        "BUILD@front=BN,BK,WARPS,STAGES/SR,SF times router_in_front at that config and split; "
+                        "BUILD@downmix=BN,BK,WARPS,STAGES moe_down_mixed at that config")
     p.add_argument("--skinny-table", default="",
                    help="bench_k3_ops.py --latency sweep JSON: builds suffixed @skinny take its best unsplit "
                         "skinny-GEMM configs (one call at a time), to time them in the step beside the committed table")
@@ -147,11 +162,13 @@ def main() -> int:
     for batch in args.batches:
         for i, variant in enumerate([args.variants[0]] * args.warmup + args.variants):
             warmup = i < args.warmup
-            build, _, front = variant.partition("@front=")
+            build, _, down_mix = variant.partition("@downmix=")
+            build, _, front = build.partition("@front=")
             build, skinny, _ = build.partition("@skinny")
             model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build, delay_kernel="",
                                                 delay_ns=0, no_fork=False))
-            with front_router_config(front), skinny_configs(args.skinny_table if skinny else ""):  # read at capture
+            with front_router_config(front), down_mix_config(down_mix), \
+                    skinny_configs(args.skinny_table if skinny else ""):  # read at capture
                 step_ms = time_step(model, args.replays)
             if warmup:
                 print(f"B={batch:3d} {variant}: warm-up {step_ms:8.3f} ms (not a sample)")

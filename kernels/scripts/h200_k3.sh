@@ -336,17 +336,23 @@ campaign19)  # attn_res_early_rows on C20: its GPU tests, the standalone case, C
     --json $OUT/step19.json 2>&1 | grep "B="
   timeout 150 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C28 \
     --json $OUT/step19_b8_64.json 2>&1 | grep "B=" ;;
-campaign20)  # moe_down_mixed: its GPU tests, the case and sweep; C20 / C24 / C29 / C30 / C31 at B = 1; C24 at B = 8, 64
+campaign20)  # moe_down_mixed: its GPU tests, the case and sweep; C20 / C24 / C29 / C30 / C31 (+ the sweep's best) at B = 1
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k down_mix 2>&1 \
     | tee $OUT/gpu20.log | tail -1
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k moe_down_mixed 2>&1 \
     | tee -a $OUT/gpu20.log | tail -1
   timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases moe_down_mixed --json $OUT/ops20_b1.json 2>&1 \
     | tee $OUT/ops20_b1.log
+  # The sweep's fastest config (one call at a time) timed in the step beside the default.
+  BEST=$(python3 -c "import json, re; c = json.load(open('$OUT/ops20_b1.json'))['cases']['moe_down_mixed']
+k = min((k for k in c if 'one call' in k and 'situ' not in k and 'grouped' not in k), key=c.get)
+print(','.join(re.findall(r'\d+', k.split('(')[1])))")
+  echo "moe_down_mix: fastest one call at $BEST"
   # bench_k3_step.py times one untimed warm-up build per batch first (the first one runs fast).
-  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C24 $C29 $C30 $C31 \
-    $C20 $C24 $C29 $C30 $C31 --json $OUT/step20.json 2>&1 | grep "B="
-  timeout 180 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C24 $C20 $C24 \
+  timeout 220 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C24 $C29 $C30 $C31 \
+    $C29@downmix=$BEST $C20 $C24 $C29 $C30 $C31 $C29@downmix=$BEST --json $OUT/step20.json 2>&1 | grep "B=" ;;
+campaign20_big)  # C24 (linear_tma) at B = 8 and 64 against C20 (B = 64: no skinny GEMM, a control)
+  timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C24 $C20 $C24 \
     --json $OUT/step20_b8_64.json 2>&1 | grep "B=" ;;
 record_build)  # record_build cNN: build CNN recorded at full depth (2 runs), its 8-layer fixture and c20's
   v=C${2#c}; [ -n "${!v:-}" ] || { echo "no build $v in this script"; exit 2; }
