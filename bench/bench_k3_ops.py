@@ -401,6 +401,14 @@ def attn_res(B: int, calls: int, n_rows: int) -> dict[str, float]:
             lambda i, dot=dot, early=early: (
                 A.attn_res_score(bank, n_rows, query, scores, gram_dot=dot, early_rows=early),
                 A.attn_res_combine(bank, n_rows, scores, gamma, out, one_shot=dot, early_rows=early)), calls)
+    copies = A.alloc_partial_copies(bank)  # variant attn_res_one_pass (no addend: a copy out)
+    res["attn_res_one_pass"] = per_call_us(
+        lambda i: A.attn_res_one_pass(bank, n_rows, query, gamma, out, copies[0], copies[1]), calls)
+    res["attn_res_dot, one call"] = single_call_us(
+        lambda i: (A.attn_res_score(bank, n_rows, query, scores, gram_dot=True),
+                   A.attn_res_combine(bank, n_rows, scores, gamma, out, one_shot=True)), 2)
+    res["attn_res_one_pass, one call"] = single_call_us(
+        lambda i: A.attn_res_one_pass(bank, n_rows, query, gamma, out, copies[0], copies[1]), 2)
     if hasattr(A, "attn_res_fused"):
         counter = A.alloc_attn_res_counter(bank.device)
         res["attn_res_fused"] = per_call_us(
@@ -699,10 +707,12 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "mla_proj_merged": (24, "q_a, kv_a, g_proj", "mla_proj_merged"),
            "router_in_front": (92, "c20 head", "router_in_front (64, 128, 4, 4) x(8, 2) (default)"),
            "attn_res_in_o_proj": (93, "o_proj -> score -> combine", "attn_res_in_o_proj:"),
-           "moe_down_mixed": (92, "grouped down + weighted sum one call", "moe_down_mix one call")}
+           "moe_down_mixed": (92, "grouped down + weighted sum one call", "moe_down_mix one call"),
+           "attn_res_one_pass": (186, "attn_res_dot, one call", "attn_res_one_pass, one call")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
+           "attn_res_one_pass": "attn_res_fused",
            "latent_norm_folded": "moe_tail_fused", "moe_sum_norm_fused": "moe_tail_fused"}
 
 

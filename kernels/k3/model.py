@@ -37,8 +37,10 @@ from kernels.k3.ops.attn_res import (
     add3,
     alloc_attn_res_counter,
     alloc_attn_res_scores,
-    attn_res_fused,
+    alloc_partial_copies,
     attn_res_combine,
+    attn_res_fused,
+    attn_res_one_pass,
     attn_res_score,
     gemm_scores_shape,
     residual_add,
@@ -263,6 +265,9 @@ class K3Decode:
             self.gemm_scores = torch.empty(gemm_scores_shape(cfg.hidden, bn, cfg.bank_capacity),
                                            device=self.device, dtype=torch.float32)
         self.attn_res_counter = alloc_attn_res_counter(self.device)  # attn_res_fused's barrier
+        if P.attn_res_one_pass(cfg, variant):  # the running partial's two copies, alternating
+            self.partial_copies = alloc_partial_copies(self.bank)
+            self._copy_of: tuple[int, int] | None = None  # (copy, bank row) the last aggregation wrote
         # Plan cursor (see _expect).
         self._seg_i = 0
         self._seg: P.Segment | None = None
@@ -582,6 +587,17 @@ class K3Decode:
                              counter=self.attn_res_counter, sm_count=cfg.sm_count)
                 return
             v = self.variant
+            if P.attn_res_one_pass(cfg, v):
+                # Aggregation j = 2l (+1 before the MLP) reads copy j % 2 and writes the other:
+                # the one before it wrote this one's, in this step (layer 0's first folds nothing).
+                j = 2 * l + (site == "mlp")
+                row = self.bank[n - 1].data_ptr()
+                assert addend is None or self._copy_of == (j % 2, row), "the copy read is not this partial's"
+                self._copy_of = ((j + 1) % 2, row)
+                self._triton(P.SCORE_COMBINE, attn_res_one_pass, self.bank, n, w.query, w.gamma, s.x,
+                             self.partial_copies[j % 2], self.partial_copies[(j + 1) % 2],
+                             addend=addend, addend2=addend2, eps=cfg.norm_eps)
+                return
             if site == "mlp" and P.score_in_o_proj(cfg, v):  # the o_proj scored and added (its epilogue)
                 self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.gemm_scores, w.gamma, s.x,
                              eps=cfg.norm_eps, one_shot=True)

@@ -68,6 +68,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     # score + combine in one launch (grid barrier); launches the pair above instead when
     # its B*NC programs exceed the SM count (B = 64).
     "attn_res_fused": ("attn_res_fused_kernel",),
+    "attn_res_one_pass": ("attn_res_one_pass_kernel",),  # attn_res_one_pass: score + combine, no exchange
     "residual_add": ("residual_add_kernel",),
     "add3": ("residual_add_kernel",),            # the same kernel with HAS_B
     "kda_conv_silu": ("kda_conv_silu_kernel",),
@@ -239,6 +240,8 @@ def attn_res_items(cfg: K3Config, v: Variant, layer: int, site: str) -> list[Ite
         items.append(_t(RESIDUAL_ADD, MAIN, "residual_add"))
     if site == "mlp" and score_in_o_proj(cfg, v):
         items.append(_t(COMBINE, MAIN, "attn_res_combine"))  # the o_proj before it scored
+    elif attn_res_one_pass(cfg, v):
+        items.append(_t(SCORE_COMBINE, MAIN, "attn_res_one_pass"))
     elif attn_res_fuses(cfg, v):
         items.append(_t(SCORE_COMBINE, MAIN, "attn_res_fused"))
     else:
@@ -257,6 +260,15 @@ def score_in_o_proj(cfg: K3Config, v: Variant) -> bool:
     return (v.attn_res_in_o_proj and cfg.batch == 1 and linear_is_triton(cfg, v, O_PROJ) and v.attn_res_dot
             and v.residual_folded and not v.attn_res_early_rows and not v.prefetch_mb
             and not attn_res_fuses(cfg, v))
+
+
+def attn_res_one_pass(cfg: K3Config, v: Variant) -> bool:
+    """attn_res_one_pass: at one token each aggregation is one launch whose programs each form
+    the whole Gram matrix (reading the token's valid rows from L2) and write their chunk of the
+    output: no partials, no barrier. Not with the variants that take the score elsewhere
+    (attn_res_in_o_proj, attn_res_fused) or change the score kernel (early rows, prefetch)."""
+    return (v.attn_res_one_pass and cfg.batch == 1 and not score_in_o_proj(cfg, v)
+            and not attn_res_fuses(cfg, v) and not v.attn_res_early_rows and not v.prefetch_mb)
 
 
 def attn_res_fuses(cfg: K3Config, v: Variant) -> bool:

@@ -48,6 +48,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "linear_tma": ("linear_tma", True),                    # the skinny GEMMs' weights by TMA descriptor
     "side_priority": ("side_priority", True),              # S1 and S2 above main's stream priority
     "moe_down_mixed": ("moe_down_mixed", True),            # seed 003 (fused tails): the sum in the down GEMM
+    "attn_res_one_pass": ("attn_res_one_pass", True),      # score + combine, each program the whole Gram
 }
 
 DELAY_PREFIX = "delay"
@@ -90,6 +91,7 @@ class Variant:
     linear_tma: bool = False         # with triton_linear: the skinny GEMMs stream their weight tiles by TMA
     side_priority: bool = False      # the side streams (S1, S2) at high CUDA stream priority
     moe_down_mixed: bool = False     # B = 1: the routed down GEMM forms the weighted sum itself
+    attn_res_one_pass: bool = False  # B = 1: score + combine in one launch, each program the whole Gram
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down

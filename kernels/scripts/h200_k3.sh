@@ -105,6 +105,9 @@ C30=$C29+situ_fused
 # linear_tma (C24) ran 0.12 ms faster than C20 at B = 1 once the first position of each process
 # (about 0.17 ms fast for whatever build runs there) is left out: B = 8 and 64 still to check.
 C31=$C24+moe_down_mixed
+# The attention residuals hold 44% of c20's time above the floor: score + combine as one launch
+# whose programs each form the whole Gram matrix (attn_res_one_pass, C32).
+C32=$C20+attn_res_one_pass
 
 case $phase in
 campaign_test)
@@ -351,6 +354,15 @@ print(','.join(re.findall(r'\d+', k.split('(')[1])))")
   # bench_k3_step.py times one untimed warm-up build per batch first (the first one runs fast).
   timeout 220 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C24 $C29 $C30 $C31 \
     $C29@downmix=$BEST $C20 $C24 $C29 $C30 $C31 $C29@downmix=$BEST --json $OUT/step20.json 2>&1 | grep "B=" ;;
+campaign21)  # attn_res_one_pass (C32): its op and model GPU tests, the standalone case, C20 / C32 at B = 1
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k one_pass 2>&1 \
+    | tee $OUT/gpu21.log | tail -1
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k one_pass 2>&1 \
+    | tee -a $OUT/gpu21.log | tail -1
+  timeout 100 python3 bench/bench_k3_ops.py --batch 1 --cases "attn_res_fused" "attn_res_fused, 2 rows" \
+    --json $OUT/ops21_b1.json 2>&1 | grep -i "dot\|one_pass\|score"
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C32 $C20 $C32 $C20 $C32 \
+    --json $OUT/step21.json 2>&1 | grep "B=" ;;
 campaign20_big)  # C24 (linear_tma) at B = 8 and 64 against C20 (B = 64: no skinny GEMM, a control)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C24 $C20 $C24 \
     --json $OUT/step20_b8_64.json 2>&1 | grep "B=" ;;

@@ -60,10 +60,12 @@ NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits",
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused", "kda_conv_fused",
                      "moe_sum_norm_fused", "router_in_front", "attn_res_in_o_proj", "linear_tma",
-                     "side_priority", "moe_down_mixed"])
+                     "side_priority", "moe_down_mixed", "attn_res_one_pass"])
 
 #: moe_down_mixed where CAMPAIGN cannot show it (its moe_tail_fused takes the tail at B = 1).
 DOWN_MIXED = "triton_linear+triton_o_proj+situ_fused+moe_down_mixed"
+#: attn_res_one_pass with add3 folded into the next score (two addends) and early triggers.
+ONE_PASS = "mlp_residual_folded+pdl_early_trigger+attn_res_one_pass"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -248,7 +250,8 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
                                                                            ("router_fork+router_align_fused+triton_linear+router_in_front", 1),
                                                                            ("triton_linear+triton_o_proj+attn_res_dot+attn_res_in_o_proj", 1),
                                                                            ("triton_linear+latent_norm_folded", 1),
-                                                                           ("moe_down_mixed", 1), ("situ_fused+moe_down_mixed", 1)])
+                                                                           ("moe_down_mixed", 1), ("situ_fused+moe_down_mixed", 1),
+                                                                           ("attn_res_one_pass", 1), (ONE_PASS, 1)])
 def test_campaign_variants_near_baseline(name, batch):
     # router_fork forks at B = 1 only; B = 2 keeps the baseline head.
     cfg = TINY_BLOCKS.with_(batch=batch)
@@ -376,7 +379,7 @@ def test_gpu_side_priority_raises_the_side_streams():
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
-                                  "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED])
+                                  "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -398,7 +401,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
-@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED])
+@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()

@@ -189,6 +189,51 @@ def _dot_vs_reference(B, H, n_rows, folded, seed):
     assert torch.count_nonzero(scores[..., attn_res.attn_res_scores_shape(B, H)[2] + 1:]) == 0
 
 
+@pytest.mark.parametrize("B,H,n_rows,folded", [(1, 1100, 1, 0), (1, 1100, 5, 1), (2, 700, 8, 2), (1, 7168, 8, 2)])
+def test_attn_res_one_pass(B, H, n_rows, folded):
+    """Variant attn_res_one_pass: one launch, each program the whole-row Gram matrix. The
+    folded partial bit for bit what the score kernel stores (in the bank and in `part_out`),
+    the output within bf16 of attn_res_dot's pair and of the float64 reference; without an
+    addend `part_out` is a copy of the last row. H = 1100 and 700: masked chunk and K tails."""
+    bank, query, gamma, addend = _attn_res_inputs(B, H, 40 + n_rows)
+    adds = dict(zip(("addend", "addend2"), [addend, randn(gen(41), B, H)][:folded]))
+    pair_bank, _, pair_out = _aggregate(bank, n_rows, query, gamma, dot=True, **adds)
+    mine = bank.clone()
+    copies = attn_res.alloc_partial_copies(mine)
+    copies[0] = mine[n_rows - 1]  # what the aggregation before this one left there
+    copies[1] = 0
+    out = torch.empty(B, H, device=DEV, dtype=BF)
+    attn_res.attn_res_one_pass(mine, n_rows, query, gamma, out, copies[0], copies[1], **adds)
+    exact(mine, pair_bank)
+    exact(copies[1], mine[n_rows - 1])
+    close(out, pair_out)
+    ref_out, _ = R.ref_attn_res(pair_bank, n_rows, query, gamma)
+    close(out, ref_out)
+
+
+def test_attn_res_one_pass_chain():
+    """Two folding aggregations in a row, as the model alternates the copies: the second
+    reads the copy the first wrote (the bank's last row is also updated in place), and ends
+    where two pair aggregations end."""
+    B, H, n = 1, 900, 4
+    bank, query, gamma, addend = _attn_res_inputs(B, H, 44)
+    addend_b = randn(gen(45), B, H)
+    pair = bank.clone()
+    out_p = torch.empty(B, H, device=DEV, dtype=BF)
+    for a in (addend, addend_b):
+        pair, _, out_p = _aggregate(pair, n, query, gamma, dot=True, addend=a)
+    mine, out = bank.clone(), torch.empty(B, H, device=DEV, dtype=BF)
+    copies = attn_res.alloc_partial_copies(mine)
+    attn_res.attn_res_one_pass(mine, n - 1, query, gamma, out, copies[1], copies[0])  # no addend: a copy
+    exact(copies[0], mine[n - 2])
+    copies[0] = mine[n - 1]  # as if n - 1 rows were the last aggregation's
+    for j, a in enumerate((addend, addend_b)):
+        attn_res.attn_res_one_pass(mine, n, query, gamma, out, copies[j % 2], copies[(j + 1) % 2], addend=a)
+    exact(mine, pair)
+    exact(copies[0], mine[n - 1])
+    close(out, out_p)
+
+
 def test_prefetch_args_cover_the_bytes():
     """Variant prefetch:<MB>: the programs' chunks cover the asked bytes (16-byte granules,
     never past the weight); off without a weight or bytes."""
@@ -798,6 +843,10 @@ for B in (1, 8, 64):
     attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), counter=ctr)
     attn_res.attn_res_fused(bank, 5, e(H), sc, e(H), e(B, H), addend=e(B, H), counter=ctr)
     attn_res.residual_add(bank[4], e(B, H)); attn_res.add3(bank[4], e(B, H), e(B, H))
+    if B == 1:  # variant attn_res_one_pass, without and with add3's two addends
+        pc = attn_res.alloc_partial_copies(bank)
+        attn_res.attn_res_one_pass(bank, 5, e(H), e(H), e(B, H), pc[0], pc[1])
+        attn_res.attn_res_one_pass(bank, 5, e(H), e(H), e(B, H), pc[0], pc[1], addend=e(B, H), addend2=e(B, H))
     qkvg, si = e(B, 6144), e(B, dt=I32)
     kda.kda_conv_silu(qkvg, e(B, 3, 4608), e(4608, 4), si, e(B, 4608))
     args = (e(B, 4608), e(B, 140), e(B, 1536), e(12, dt=F32), e(1536, dt=F32), qkvg[:, 4608:],

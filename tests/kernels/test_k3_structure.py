@@ -145,6 +145,7 @@ def test_baseline_counts():
     ("linear_tma", 0),                  # the same kernels, their weight loads by TMA
     ("side_priority", 0),               # the same kernels, the side streams at high priority
     ("moe_down_mixed", -92),            # the weighted sum, now in the down GEMM (B = 1)
+    ("attn_res_one_pass", -186),        # one launch per aggregation, not two (B = 1)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -374,6 +375,21 @@ def test_moe_down_mixed_applies_at_b1_and_before_the_sum_norm():
     assert both.triton_kernels - P.build_plan(FULL).triton_kernels == -2 * 92
     moe_kernels = {k for seg in both.segments if seg.family == "moe" for l in seg.launches for k in l.kernels}
     assert "moe_down_mix_kernel" in moe_kernels and "moe_weighted_sum_kernel" not in moe_kernels
+
+
+def test_attn_res_one_pass_applies_at_b1_and_alone():
+    """B = 1 only; not where the score goes elsewhere (attn_res_in_o_proj, attn_res_fused)
+    or its kernel changes (early rows, prefetch): those plans stay as they were."""
+    for B, delta in ((1, -186), (8, 0), (64, 0)):
+        cfg = FULL.with_(batch=B)
+        assert P.build_plan(cfg, parse("attn_res_one_pass")).triton_kernels - P.build_plan(cfg).triton_kernels == delta
+    for other in ("triton_linear+triton_o_proj+attn_res_dot+attn_res_in_o_proj", "attn_res_fused",
+                  "attn_res_early_rows", "prefetch:8"):
+        assert (P.build_plan(FULL, parse(f"{other}+attn_res_one_pass")).segments
+                == P.build_plan(FULL, parse(other)).segments)
+    kernels = {k for seg in P.build_plan(FULL, parse("attn_res_one_pass")).segments
+               if seg.family == "attn_res" for l in seg.launches for k in l.kernels}
+    assert kernels == {"attn_res_one_pass_kernel"}
 
 
 def test_mla_proj_merged_takes_three_gemms_and_the_gate_leg():

@@ -87,6 +87,17 @@ def alloc_attn_res_scores(bank: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _folded(pp, a, a2, cols, m, HAS_ADDEND2: tl.constexpr):
+    # The partial row at `pp` plus the addend row `a` (and `a2`) at `cols`, one rounding to
+    # the bank's dtype: add3's order, the two addends first, then the partial.
+    add = tl.load(a + cols, mask=m, other=0.0).to(tl.float32)
+    if HAS_ADDEND2:
+        add += tl.load(a2 + cols, mask=m, other=0.0).to(tl.float32)
+    part = tl.load(pp + cols, mask=m, other=0.0).to(tl.float32) + add
+    return to_dtype(part, pp.dtype.element_ty)
+
+
+@triton.jit
 def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
                           stride_br, stride_bb, stride_ab, stride_ab2, pf, pf_bytes,
                           R: tl.constexpr, W: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -132,13 +143,10 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
         x = tl.load(row_ptr, mask=(ts[:, None] < n_old) & hm[None, :], other=0.0)
     l2_prefetch(pf, pf_bytes, PF_CHUNKS)  # the next GEMM's weight (variant prefetch:<MB>)
     if HAS_ADDEND:
-        pp = base + last * stride_br + hs
-        add = tl.load(addend + b.to(tl.int64) * stride_ab + hs, mask=hm, other=0.0).to(tl.float32)
-        if HAS_ADDEND2:  # add3's order: the two addends first, then the partial
-            add += tl.load(addend2 + b.to(tl.int64) * stride_ab2 + hs, mask=hm, other=0.0).to(tl.float32)
-        part = tl.load(pp, mask=hm, other=0.0).to(tl.float32) + add
-        part = to_dtype(part, bank.dtype.element_ty)
-        tl.store(pp, part, mask=hm)
+        pp = base + last * stride_br
+        part = _folded(pp, addend + b.to(tl.int64) * stride_ab, addend2 + b.to(tl.int64) * stride_ab2,
+                       hs, hm, HAS_ADDEND2)
+        tl.store(pp + hs, part, mask=hm)
         # Score the rounded value: exactly what residual_add / add3 + score would read back.
         x = tl.where(ts[:, None] == last, part[None, :], x)
     if GRAM_DOT:
@@ -183,15 +191,15 @@ def gram_of_columns(o, ns, nm, bank, n_rows, stride_br, query, scores, FOLD: tl.
 
 
 @triton.jit
-def _weights_from_gram(G, n_rows, H, eps, R: tl.constexpr, W: tl.constexpr):
+def _weights_from_gram(G, n_rows, H, eps, R: tl.constexpr, W: tl.constexpr, Q: tl.constexpr):
     # The softmax weights p over the valid rows and the output's 1/rms, from the summed
-    # partials G (Gram matrix, query dots in column R); the combine and the fused kernel
-    # share it, so their outputs stay bit for bit alike.
+    # partials G [R, W] (Gram matrix, query dots in column Q); the combine and the fused
+    # kernel share it, so their outputs stay bit for bit alike.
     rs = tl.arange(0, R)
     ws = tl.arange(0, W)
     diag = rs[:, None] == ws[None, :]
     sumsq = tl.sum(tl.where(diag, G, 0.0), 1)
-    dots = tl.sum(tl.where(ws[None, :] == R, G, 0.0), 1)
+    dots = tl.sum(tl.where(ws[None, :] == Q, G, 0.0), 1)
     valid = rs < n_rows
     logit = tl.where(valid, dots * tl.rsqrt(sumsq / H + 1e-6), -float("inf"))
     p = tl.where(valid, tl.exp(logit - tl.max(logit, 0)), 0.0)
@@ -249,7 +257,7 @@ def attn_res_combine_kernel(bank, scores, gamma, out, n_rows, H, NC,
     elif ONE_SHOT:
         x = tl.load(base[None, :] + rs[:, None] * stride_br, mask=(rs[:, None] < n_rows) & hm[None, :],
                     other=0.0).to(tl.float32)
-    p, rstd = _weights_from_gram(G, n_rows, H, eps, R, W)
+    p, rstd = _weights_from_gram(G, n_rows, H, eps, R, W, R)
     if ONE_SHOT:
         acc = tl.sum(p[:, None] * x, 0)
     elif EARLY_ROWS:  # the rows from the tile, in the loop's order: bit for bit the loads below
@@ -291,7 +299,7 @@ def _fused_weights(scores, b, n_rows, H, eps, NC: tl.constexpr, R: tl.constexpr,
     G = tl.zeros([R, W], dtype=tl.float32)
     for i in tl.static_range(NC):
         G += tl.load(scores + ((b * NC + i) * R + rs[:, None]) * W + ws[None, :], cache_modifier=".cg")
-    return _weights_from_gram(G, n_rows, H, eps, R, W)
+    return _weights_from_gram(G, n_rows, H, eps, R, W, R)
 
 
 @triton.jit
@@ -370,6 +378,107 @@ def attn_res_fused_kernel(bank, addend, query, scores, gamma, out, counter, n_ro
                  to_dtype(mix * rstd * g, out.dtype.element_ty), mask=hm)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
+
+
+# ---- one pass: every program its own whole-row Gram matrix (no partials, no barrier) ------
+@triton.jit
+def attn_res_one_pass_kernel(bank, part_in, part_out, addend, addend2, query, gamma, out, n_rows, H,
+                             stride_br, stride_bb, stride_pb, stride_ab, stride_ab2, stride_ob, eps,
+                             R: tl.constexpr, T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+                             HAS_ADDEND: tl.constexpr, HAS_ADDEND2: tl.constexpr, DOT_F32: tl.constexpr,
+                             USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # Variant attn_res_one_pass: program (b, c) streams token b's whole valid rows (from L2:
+    # ~150 KB at 8 rows) through one tensor-core product for the full Gram matrix and query
+    # dots, takes the softmax weights and the output RMS from it, and writes its own chunk of
+    # the output: score + combine in one launch with no cross-program exchange, so neither
+    # the partials' round trip nor a grid barrier. With an addend the running partial comes
+    # from `part_in` (the previous aggregation's copy, complete before this launch) so that
+    # no program reads a bank row another program of this launch writes; program c stores
+    # its chunk of the folded partial to the bank row and to `part_out`, the next
+    # aggregation's `part_in`. Without one it copies its chunk of the bank's last row there.
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    ts = tl.arange(0, T)
+    hs = c * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = hs < H
+    g = tl.load(gamma + hs, mask=hm, other=0.0).to(tl.float32)  # a weight: before the wait
+    last = n_rows - 1
+    n_old = n_rows - 1 if HAS_ADDEND else n_rows
+    base = bank + b * stride_bb
+    pin, pout = part_in + b * stride_pb, part_out + b * stride_pb
+    a, a2 = addend + b * stride_ab, addend2 + b * stride_ab2
+    pdl_wait(USE_PDL)
+    # Rows 0..R-1 the bank (the last one the folded partial), row R the query: the layout
+    # attn_res_dot's score tile has, over all of H instead of one chunk.
+    G = tl.zeros([T, T], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        km = ks < H
+        x = tl.load(base + ts[:, None] * stride_br + ks[None, :], mask=(ts[:, None] < n_old) & km[None, :],
+                    other=0.0)
+        if HAS_ADDEND:
+            x = tl.where(ts[:, None] == last, _folded(pin, a, a2, ks, km, HAS_ADDEND2)[None, :], x)
+        x = tl.where(ts[:, None] == R, tl.load(query + ks, mask=km, other=0.0)[None, :], x)
+        G = dot(x, tl.trans(x), G, DOT_F32)
+    p, rstd = _weights_from_gram(G, n_rows, H, eps, T, T, R)
+    x = tl.load(base + ts[:, None] * stride_br + hs[None, :], mask=(ts[:, None] < n_old) & hm[None, :],
+                other=0.0)
+    if HAS_ADDEND:
+        part = _folded(pin, a, a2, hs, hm, HAS_ADDEND2)
+        tl.store(base + last * stride_br + hs, part, mask=hm)
+        x = tl.where(ts[:, None] == last, part[None, :], x)
+    else:
+        part = tl.load(base + last * stride_br + hs, mask=hm, other=0.0)
+    tl.store(pout + hs, part, mask=hm)
+    mix = tl.sum(p[:, None] * x.to(tl.float32), 0)
+    tl.store(out + b * stride_ob + hs, to_dtype(mix * rstd * g, out.dtype.element_ty), mask=hm)
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+#: attn_res_one_pass: output columns per program (14 programs at H = 7168; each reads the
+#: whole valid rows, so fewer, wider programs read less in all) and the Gram loop's K block.
+ONE_PASS_BLOCK_H, ONE_PASS_BLOCK_K = 512, 512
+
+
+def alloc_partial_copies(bank: torch.Tensor) -> torch.Tensor:
+    """attn_res_one_pass's two copies of the running partial [2, B, H] (bank dtype): an
+    aggregation reads one and writes the other, alternating."""
+    _, B, H = bank.shape
+    return torch.empty(2, B, H, device=bank.device, dtype=bank.dtype)
+
+
+def attn_res_one_pass(bank: torch.Tensor, n_rows: int, query: torch.Tensor, gamma: torch.Tensor,
+                      out: torch.Tensor, part_in: torch.Tensor, part_out: torch.Tensor, *,
+                      addend: torch.Tensor | None = None, addend2: torch.Tensor | None = None,
+                      eps: float = EPS, delay_ns: int = 0) -> torch.Tensor:
+    """attn_res_score (with the folded addends) then attn_res_combine in one launch, each
+    program forming the whole Gram matrix itself (variant attn_res_one_pass: fp32 sums in
+    another order than the pair's). With `addend` the running partial is read from
+    `part_in`, which must hold bank[n_rows - 1] (the previous aggregation's `part_out`);
+    bank[n_rows - 1] and `part_out` receive the folded partial. Without it `part_out` gets a
+    copy of bank[n_rows - 1]."""
+    _check_bank(bank, n_rows)
+    R_MAX, B, H = bank.shape
+    assert query.shape == (H,) and query.is_contiguous() and query.dtype == bank.dtype
+    assert gamma.shape == (H,) and gamma.is_contiguous()
+    assert out.shape == (B, H) and out.stride(1) == 1
+    for t in (part_in, part_out):
+        assert t.shape == (B, H) and t.stride(1) == 1 and t.dtype == bank.dtype
+    assert part_in.stride(0) == part_out.stride(0) and part_in.data_ptr() != part_out.data_ptr()
+    assert addend2 is None or addend is not None
+    for t in (addend, addend2):
+        if t is not None:
+            assert t.shape == (B, H) and t.stride(1) == 1
+    R = next_pow2(R_MAX)
+    launch(attn_res_one_pass_kernel, (B, cdiv(H, ONE_PASS_BLOCK_H)), bank, part_in, part_out,
+           addend if addend is not None else bank, addend2 if addend2 is not None else bank, query, gamma,
+           out, n_rows, H, bank.stride(0), bank.stride(1), part_in.stride(0),
+           addend.stride(0) if addend is not None else 0, addend2.stride(0) if addend2 is not None else 0,
+           out.stride(0), eps, R=R, T=max(16, next_pow2(R + 1)), BLOCK_H=ONE_PASS_BLOCK_H,
+           BLOCK_K=ONE_PASS_BLOCK_K, HAS_ADDEND=addend is not None, HAS_ADDEND2=addend2 is not None,
+           DOT_F32=DOT_F32, num_warps=4, num_stages=3, delay_ns=delay_ns)
+    return out
 
 
 @triton.jit
