@@ -113,3 +113,21 @@ c20 = full["round4"]["unprofiled"]["campaign11"][3]  # c20, timed after c14 in t
  "c8_ms": c8["step_ms"], "c8_ratio": c8["step_ms"] / c8["floor_ms"],
  "c14_ms": c14["step_ms"], "c14_ratio": c14["step_ms"] / c14["floor_ms"],
  "c20_ms": c20["step_ms"], "c20_ratio": c20["step_ms"] / c20["floor_ms"]}
+
+# %% [markdown]
+# ## Round seven, read without each process's first build
+# The seventh round's unprofiled lists (bench/bench_k3_step.py, builds interleaved in one
+# process). Whatever build is timed first in a process runs about 0.17 ms fast at B = 1, so a
+# build's figure here is the median over its later positions.
+
+# %%
+r7 = full["round7"]["unprofiled"]
+runs = pl.DataFrame([{"list": name, "position": i, "batch": r["batch"], "step_ms": r["step_ms"],
+                      "floor_ms": r["floor_ms"],
+                      "build": "c20" + ("" if r["variant_suffix"] == "(c20)" else r["variant_suffix"])}
+                     for name, rows in r7.items() for i, r in enumerate(rows)])
+runs = runs.with_columns(first=pl.col("position") == pl.col("position").min().over("list", "batch"),
+                         ratio=pl.col("step_ms") / pl.col("floor_ms"))
+(runs.filter(~pl.col("first"))
+ .group_by("batch", "build").agg(pl.col("step_ms").median(), pl.col("ratio").median(), pl.len().alias("runs"))
+ .sort("batch", "step_ms"))
