@@ -397,7 +397,8 @@ def sum_norm_fuses(cfg: K3Config, v: Variant) -> bool:
     """moe_sum_norm_fused: at B <= SKINNY_MAX_B one program per token forms the weighted sum
     of its expert rows and the latent RMSNorm of it (the row fits its registers), so the
     norm's launch and its dependent hop go. Not with the two tails that already take the
-    norm (moe_tail_fused, latent_norm_folded)."""
+    norm (moe_tail_fused, latent_norm_folded), nor where the down GEMM forms the sum
+    (moe_down_mixed)."""
     return (v.moe_sum_norm_fused and cfg.batch <= SKINNY_MAX_B and not moe_tail_fuses(cfg, v)
             and not latent_norm_folds(cfg, v) and not down_mixes(cfg, v))
 
