@@ -20,7 +20,7 @@ from k3trace import heap
 from k3trace.analyses import completeness, critical_path, families, kernels, layers, pdl, pre_attention, stepgraph
 from k3trace.analyses import steptimes, streams
 from k3trace.analyses import store
-from k3trace.analyses.overlap import StepOverlap, step_overlap
+from k3trace.analyses.overlap import step_overlap
 from k3trace.analyses.result import KERNEL_COLUMNS, PATH_COLUMNS, Analysis
 from k3trace.config import Config
 from k3trace.errors import ReportError
@@ -190,7 +190,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
     notes.extend(label_notes(summary))
     path, graph, step_times = on_path.path, on_path.graph, spread.step_times
     family_rows = spread.families.join(on_path.by_family, on="family", how="left")
-    layer_rows = layers.layer_table(spread.overlap, path)
+    layer_rows = layers.layer_table(spread.layers, on_path.layer_critical)
     kernel_rows = (
         spread.kernels
         .join(on_path.by_kernel, on=["name", "family"], how="left")
@@ -259,6 +259,7 @@ class PathMetrics:
     by_family: pl.DataFrame     # family, critical_us
     by_kernel: pl.DataFrame     # name, family, critical_us
     path_steps: pl.DataFrame
+    layer_critical: pl.DataFrame  # step, layer, critical_ns
 
 
 def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl.DataFrame,
@@ -289,7 +290,8 @@ def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl
     # per-step sums (the second grouping and the uniques run over thousands of rows, not 373k).
     per = critical_path.per_step_kernel(path)
     metrics = PathMetrics(path=path, graph=graph, slack=slack, by_family=critical_path.by_family(per),
-                          by_kernel=critical_path.by_kernel(per), path_steps=critical_path.per_step(path))
+                          by_kernel=critical_path.by_kernel(per), path_steps=critical_path.per_step(path),
+                          layer_critical=layers.critical_per_step(path))
     heap.trim()
     return metrics
 
@@ -329,19 +331,20 @@ class _Tasks:
 
 @dataclass(frozen=True)
 class OverlapMetrics:
-    overlap: StepOverlap
+    layers: layers.LayerSteps   # the layer table's per-step busy time and counts
     families: pl.DataFrame      # the family table, before its critical-path column
     kernels: pl.DataFrame       # the kernel table, before its critical-path and slack columns
     step_times: pl.DataFrame
 
 
 def overlap_metrics(stable_kernels: pl.DataFrame, steps: pl.DataFrame, n: int) -> OverlapMetrics:
-    """What the stable steps' kernels and their overlap across streams give, path aside."""
+    """What the stable steps' kernels and their overlap across streams give, path aside
+    (the layer table's part too: done here, it runs beside the path's work, not after)."""
     overlap = step_overlap(stable_kernels)
     heap.trim()  # as after the path's scans: the coverage's arrays
     return OverlapMetrics(
-        overlap=overlap, families=families.family_table(overlap, n), kernels=kernels.kernel_table(overlap, n),
-        step_times=steptimes.per_step(steps, overlap))
+        layers=layers.layer_steps(overlap), families=families.family_table(overlap, n),
+        kernels=kernels.kernel_table(overlap, n), step_times=steptimes.per_step(steps, overlap))
 
 
 def label_notes(summary) -> list[str]:
