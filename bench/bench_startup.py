@@ -21,7 +21,7 @@ CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "k3trace.cli"
 HEAVY = ("polars", "pyarrow", "numpy", "plotly", "k3trace.ingest.report")
 #: What `k3trace analyze REPORT` imports before it reads the report.
 ANALYZE_IMPORTS = ("import k3trace.cli, k3trace.analyses.pipeline, k3trace.render.terminal; "
-                   "import adbc_driver_sqlite.dbapi")
+                   "import adbc_driver_manager, adbc_driver_sqlite")
 
 
 def timed(cmd: list[str]) -> float:

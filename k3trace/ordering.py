@@ -106,7 +106,6 @@ def sort_positions(frame: pl.DataFrame, *keys: str) -> np.ndarray:
 
 
 def polars_positions(frame: pl.DataFrame, *keys: str) -> np.ndarray:
-    """The same from polars' sort alone: for keys that tie often (kernel ends across
-    streams), where trying numpy first would only add its cost. Only the keys go through
-    the sort: the permutation is the one the whole frame gets."""
+    """The same from polars' sort alone (where keys tie). Only the keys go through the sort:
+    the permutation is the one the whole frame gets."""
     return frame.select(*keys).with_row_index("_pos").sort(*keys)["_pos"].to_numpy().astype(np.int64)

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from k3trace.config import Config
-from k3trace.ordering import polars_positions, sort_positions
+from k3trace.ordering import sort_positions
 
 STREAM, JOIN, LAUNCH = "stream", "join", "launch"
 
@@ -167,7 +167,9 @@ class _EndOrder:
 
     @classmethod
     def of(cls, k: pl.DataFrame, step: np.ndarray, stream: np.ndarray) -> "_EndOrder":
-        order = polars_positions(k, "step", "end")
+        # Kernel ends across streams seldom tie (none at 373k kernels of a full-depth K3
+        # recording, 373 of 414k in another): numpy's order where none does, polars' else.
+        order = sort_positions(k, "step", "end")
         s, st, end = step[order], stream[order], k["end"].to_numpy()[order]
         new_run = np.ones(len(order), dtype=bool)
         new_run[1:] = (st[1:] != st[:-1]) | (s[1:] != s[:-1])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import functools
 import hashlib
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import polars as pl
 
@@ -20,7 +20,7 @@ from k3trace import heap
 from k3trace.analyses import completeness, critical_path, families, kernels, layers, pdl, pre_attention, stepgraph
 from k3trace.analyses import steptimes, streams
 from k3trace.analyses import store
-from k3trace.analyses.overlap import StepOverlap, step_overlap
+from k3trace.analyses.overlap import step_overlap
 from k3trace.analyses.result import KERNEL_COLUMNS, PATH_COLUMNS, Analysis
 from k3trace.config import Config
 from k3trace.errors import ReportError
@@ -28,6 +28,9 @@ from k3trace.ingest import Limits, Progress, Tools, Trace, load_report, report_k
 from k3trace.model.labels import LabelDonor, label
 from k3trace.model.stable import classify_steps
 from k3trace.model.steps import assign_steps
+
+
+T = TypeVar("T")
 
 
 @functools.cache
@@ -163,12 +166,20 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
     # 373k kernels 1.38 -> 1.28 s, at 2.2M 8.7 -> 7.1 s, measured beside an early cache
     # write since reverted), for 240 MB more peak memory at 2.2M (both working sets alive
     # at once). They share only read-only frames. Not while another analysis runs (the
-    # diff's two sides fill the cores already).
+    # diff's two sides fill the cores already). The smaller pieces, which need neither
+    # side's results, go to whichever side is free first (which one that is depends on the
+    # trace and on the machine's load).
+    extras = _Tasks({
+        "checked": lambda: completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source),
+        "windows": lambda: pre_attention.windows(stable_kernels, cfg),
+        "pdl_steps": lambda: pdl.per_step(pdl.same_stream_pairs(stable_kernels, cfg, named=False)),
+    })
     with ThreadPoolExecutor(1) as side:
-        spreading = side.submit(overlap_metrics, stable_kernels, steps, n, cfg) if _running.alone() else None
-        on_path = path_metrics(stable_kernels, labelled, steps, cfg)
-        spread = overlap_metrics(stable_kernels, steps, n, cfg) if spreading is None else spreading.result()
-    checked = completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source)
+        spreading = (side.submit(extras.after, overlap_metrics, stable_kernels, steps, n)
+                     if _running.alone() else None)
+        on_path = extras.after(path_metrics, stable_kernels, labelled, steps, cfg)
+        spread = extras.after(overlap_metrics, stable_kernels, steps, n) if spreading is None else spreading.result()
+    checked, windows, pdl_steps = extras.result("checked"), extras.result("windows"), extras.result("pdl_steps")
     notes = []
     if assignment.other_lanes:
         notes.append(f"analysed process {assignment.lane[0]} on device {assignment.lane[1]}; "
@@ -177,10 +188,9 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
         notes.append(f"{r['rows']} of {r['total']} {r['table']} rows had {r['issue']} "
                      "(names that differ only past the cut read as one)")
     notes.extend(label_notes(summary))
-    path, graph, step_times, pdl_steps, windows = (on_path.path, on_path.graph, spread.step_times, spread.pdl_steps,
-                                                   spread.windows)
+    path, graph, step_times = on_path.path, on_path.graph, spread.step_times
     family_rows = spread.families.join(on_path.by_family, on="family", how="left")
-    layer_rows = layers.layer_table(spread.overlap, path)
+    layer_rows = layers.layer_table(spread.layers, on_path.layer_critical)
     kernel_rows = (
         spread.kernels
         .join(on_path.by_kernel, on=["name", "family"], how="left")
@@ -249,6 +259,7 @@ class PathMetrics:
     by_family: pl.DataFrame     # family, critical_us
     by_kernel: pl.DataFrame     # name, family, critical_us
     path_steps: pl.DataFrame
+    layer_critical: pl.DataFrame  # step, layer, critical_ns
 
 
 def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl.DataFrame,
@@ -279,30 +290,61 @@ def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl
     # per-step sums (the second grouping and the uniques run over thousands of rows, not 373k).
     per = critical_path.per_step_kernel(path)
     metrics = PathMetrics(path=path, graph=graph, slack=slack, by_family=critical_path.by_family(per),
-                          by_kernel=critical_path.by_kernel(per), path_steps=critical_path.per_step(path))
+                          by_kernel=critical_path.by_kernel(per), path_steps=critical_path.per_step(path),
+                          layer_critical=layers.critical_per_step(path))
     heap.trim()
     return metrics
 
 
+class _Tasks:
+    """Named calls that two threads share: each thread, done with its own work, runs those
+    no thread has taken yet (in the order given), so neither waits idle for the other while
+    some are left. A call's error is raised where its result is asked for."""
+
+    def __init__(self, calls: dict[str, Callable[[], object]]) -> None:
+        self._lock = threading.Lock()
+        self._left = list(calls.items())
+        self._done: dict[str, Future] = {name: Future() for name in calls}
+
+    def after(self, work: Callable[..., T], *args) -> T:
+        """`work(*args)`, then the calls left."""
+        try:
+            return work(*args)
+        finally:
+            self.drain()
+
+    def drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._left:
+                    return
+                name, call = self._left.pop(0)
+            try:
+                self._done[name].set_result(call())
+            except BaseException as exc:
+                self._done[name].set_exception(exc)
+
+    def result(self, name: str):
+        self.drain()
+        return self._done[name].result()
+
+
 @dataclass(frozen=True)
 class OverlapMetrics:
-    overlap: StepOverlap
+    layers: layers.LayerSteps   # the layer table's per-step busy time and counts
     families: pl.DataFrame      # the family table, before its critical-path column
     kernels: pl.DataFrame       # the kernel table, before its critical-path and slack columns
     step_times: pl.DataFrame
-    pdl_steps: pl.DataFrame
-    windows: pl.DataFrame       # pre-attention windows
 
 
-def overlap_metrics(stable_kernels: pl.DataFrame, steps: pl.DataFrame, n: int, cfg: Config) -> OverlapMetrics:
-    """What the stable steps' kernels and their overlap across streams give, path aside."""
+def overlap_metrics(stable_kernels: pl.DataFrame, steps: pl.DataFrame, n: int) -> OverlapMetrics:
+    """What the stable steps' kernels and their overlap across streams give, path aside
+    (the layer table's part too: done here, it runs beside the path's work, not after)."""
     overlap = step_overlap(stable_kernels)
     heap.trim()  # as after the path's scans: the coverage's arrays
     return OverlapMetrics(
-        overlap=overlap, families=families.family_table(overlap, n), kernels=kernels.kernel_table(overlap, n),
-        step_times=steptimes.per_step(steps, overlap),
-        pdl_steps=pdl.per_step(pdl.same_stream_pairs(stable_kernels, cfg, named=False)),
-        windows=pre_attention.windows(stable_kernels, cfg))
+        layers=layers.layer_steps(overlap), families=families.family_table(overlap, n),
+        kernels=kernels.kernel_table(overlap, n), step_times=steptimes.per_step(steps, overlap))
 
 
 def label_notes(summary) -> list[str]:

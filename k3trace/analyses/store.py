@@ -15,13 +15,18 @@ import numpy as np
 import polars as pl
 
 from k3trace.analyses.completeness import Completeness
-from k3trace.analyses.result import Analysis
+from k3trace.analyses.result import PATH_COLUMNS, Analysis
 from k3trace.analyses.stepgraph import StepGraph
 from k3trace.config import Config, ModuleRule, NameRule
 from k3trace.model.labels import LabelSummary
 from k3trace.ingest import cachefs
 
-FORMAT = 2
+FORMAT = 3
+#: The path's columns that repeat the kernels' for the same kernel: its rows are the
+#: stable-step kernels, so the entry holds only its own columns and the key, and the rest
+#: is taken back from the stored kernels on load (at 373k kernels its file's write and read
+#: cost half as much).
+_PATH_SHARED = ("kernel_id", "step", "stream_id", "start", "end", "name", "family", "layer", "launch_rank")
 _TYPES: dict[str, type] = {t.__name__: t for t in (Analysis, StepGraph, Completeness, Config, NameRule,
                                                   ModuleRule, LabelSummary)}
 
@@ -98,13 +103,35 @@ def _decode(node: Any, folder: Path) -> Any:
 def save(analysis: Analysis, folder: Path) -> bool:
     """Write the entry (atomic; False when the cache could not take it)."""
     enc = _Encoder()
+    shared = _path_shared(analysis)
+    if shared:
+        analysis = dataclasses.replace(analysis, path=analysis.path.drop(_PATH_SHARED[1:]))
     try:
         tree = enc.encode(analysis)
     except (TypeError, ValueError):
         return False  # a field this format cannot hold: not cached, never pickled
     writers = dict(enc.files)
+    tree = {"analysis": tree, "path_from_kernels": shared}
     writers["analysis.json"] = lambda p: p.write_text(json.dumps(tree))
     return cachefs.write_entry(folder, writers, {"root": "analysis.json"}, FORMAT)
+
+
+def _path_shared(analysis: Analysis) -> bool:
+    """Whether the path's shared columns can be left to the kernels: both frames in
+    kernel_id order (as analyze() makes them), the shared columns of the same types."""
+    path, kernels = analysis.path, analysis.kernels
+    return (tuple(path.columns) == PATH_COLUMNS and set(_PATH_SHARED) <= set(kernels.columns)
+            and all(path.schema[c] == kernels.schema[c] for c in _PATH_SHARED)
+            and path["kernel_id"].is_sorted() and kernels["kernel_id"].is_sorted())
+
+
+def _path_with_kernels(own: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
+    """The stored path columns with the shared ones from the kernels of the same ids (a
+    filter keeps the kernels' order: kernel_id order, the path's; a semi join costs 3x)."""
+    shared = kernels.select(_PATH_SHARED).filter(pl.col("kernel_id").is_in(own["kernel_id"].implode()))
+    if not shared["kernel_id"].equals(own["kernel_id"]):
+        raise ValueError("the path's kernels are not the stored kernels")
+    return pl.concat([shared, own.drop("kernel_id")], how="horizontal").select(PATH_COLUMNS)
 
 
 def load(folder: Path) -> Analysis | None:
@@ -113,9 +140,11 @@ def load(folder: Path) -> Analysis | None:
         return None
     try:
         tree = json.loads((folder / "analysis.json").read_text())
-        analysis = _decode(tree, folder)
+        analysis = _decode(tree["analysis"], folder)
         if not isinstance(analysis, Analysis):
             raise TypeError("not an analysis")
+        if tree["path_from_kernels"] is True:
+            analysis = dataclasses.replace(analysis, path=_path_with_kernels(analysis.path, analysis.kernels))
         return analysis
     except (OSError, ValueError, KeyError, TypeError, AttributeError, pl.exceptions.PolarsError):
         cachefs.discard(folder)  # a damaged or stale entry is recomputed, never trusted
