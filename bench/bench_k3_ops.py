@@ -504,6 +504,61 @@ def linear_tma(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+#: Variant linear_prefetch:<MB> sizes the chains below are timed at.
+PREFETCH_MB = (8, 16, 32)
+
+
+def prefetch_chains(B: int, calls: int) -> dict[str, float]:
+    """Variants linear_prefetch:<MB> and pdl_trigger_first, on two chains of the c24 step at
+    one token (early triggers, TMA weights): the pre-MLP aggregation (8 bank rows, the
+    attention output folded) -> the MoE front's rest GEMM, and the MoE tail's weighted sum
+    -> latent norm -> up GEMM. Each with no prefetch and with each size, with and without
+    first triggers; back to back (the next chain's first kernel launches at the GEMM's
+    early trigger, as in the step) and one call at a time. GEMM weights rotate past L2."""
+    from kernels.k3.ops import attn_res as A
+    from kernels.k3.ops.common import early_trigger, trigger_first
+    from kernels.k3.ops.gemv import skinny_mm
+    from kernels.k3.ops.moe import moe_weighted_sum
+    from kernels.k3.ops.norm import rmsnorm
+
+    if B != 1:
+        return {}
+    H, g = 7168, torch.Generator(device="cuda").manual_seed(11)
+    bank, query, gamma, scores, x = _attn_res_inputs(1)
+    attn_out = torch.randn(1, H, device="cuda", dtype=BF, generator=g)
+    fronts = [(torch.randn(H, 6016, device="cuda", dtype=BF, generator=g) * H ** -0.5)[:, 896:]
+              for _ in range(_copies(H * 6016 * 2))]
+    front_out = torch.empty(1, 5120, device="cuda", dtype=BF)
+    K, E = 3584, 16
+    y = torch.randn(E, K, device="cuda", dtype=BF, generator=g)
+    wts = torch.rand(1, E, device="cuda", dtype=F32, generator=g)
+    lat_gamma = torch.randn(K, device="cuda", dtype=BF, generator=g)
+    ups = [torch.randn(K, H, device="cuda", dtype=BF, generator=g) * K ** -0.5 for _ in range(_copies(K * H * 2))]
+    lat, lat_n, up_out = (torch.empty(1, n, device="cuda", dtype=BF) for n in (K, K, H))
+
+    def pre_mlp(i, mb, first):
+        with trigger_first(first):
+            A.attn_res_score(bank, 8, query, scores, addend=attn_out, gram_dot=True)
+            A.attn_res_combine(bank, 8, scores, gamma, x, one_shot=True)
+        skinny_mm(x, fronts[i % len(fronts)], front_out, tma=True, prefetch_bytes=mb << 20)
+
+    def tail(i, mb, first):
+        with trigger_first(first):
+            moe_weighted_sum(y, wts, lat)
+            rmsnorm(lat, lat_gamma, lat_n)
+        skinny_mm(lat_n, ups[i % len(ups)], up_out, tma=True, prefetch_bytes=mb << 20)
+
+    res = {}
+    with early_trigger():
+        for name, chain, copies in (("combine -> front", pre_mlp, len(fronts)), ("sum -> norm -> up", tail, len(ups))):
+            for first in (False, True):
+                for mb in (0, *PREFETCH_MB):
+                    tag = f"{name}{' first' if first else ''} prefetch {mb} MB"
+                    res[tag] = per_call_us(lambda i, m=mb, f=first: chain(i, m, f), calls)
+                    res[tag + " one call"] = single_call_us(lambda i, m=mb, f=first: chain(i, m, f), copies)
+    return res
+
+
 #: moe_down_mix configs swept one call at a time: (BLOCK_N, BLOCK_K, warps, stages).
 DOWN_MIX_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (64, 128) for w in (4, 8) for st in (3, 4, 6)]
 
@@ -740,7 +795,8 @@ def main() -> int:
             "kda_conv_fused": lambda: kda_conv(B, args.calls), "mla_proj_merged": lambda: mla_proj(B, args.calls),
             "router_in_front": lambda: front_router(B, args.calls),
             "attn_res_in_o_proj": lambda: o_proj_score(B, args.calls),
-            "linear_tma": lambda: linear_tma(B, args.calls), "moe_down_mixed": lambda: moe_down(B, args.calls)}
+            "linear_tma": lambda: linear_tma(B, args.calls), "moe_down_mixed": lambda: moe_down(B, args.calls),
+            "linear_prefetch": lambda: prefetch_chains(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

@@ -52,6 +52,7 @@ OWN_KERNELS = {
     "linear_early_weights": ("skinny_mm_kernel",),
     "kda_conv_fused": ("kda_step_kernel",),
     "linear_split_k": ("skinny_mm_kernel",),
+    "linear_tma": ("skinny_mm_kernel",),
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).

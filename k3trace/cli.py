@@ -151,10 +151,10 @@ K3_VARIANT_FLAGS = ("mla_epilogue_split", "no_attn_forks", "router_multipass", "
                     "moe_sum_norm_fused", "linear_split_k", "triton_o_proj",
                     "triton_mla_proj", "router_in_front", "attn_res_in_o_proj",
                     "linear_tma", "side_priority", "moe_down_mixed",
-                    "attn_res_one_pass")
+                    "attn_res_one_pass", "pdl_trigger_first")
 SMALL_VARIANTS = ("nofork",)
 _DELAY = re.compile(r"delay:[A-Za-z_][A-Za-z0-9_]*:\d+")
-_PREFETCH = re.compile(r"prefetch(_leg)?:\d+")
+_PREFETCH = re.compile(r"(prefetch|prefetch_leg|linear_prefetch):\d+")
 #: nsys profile --capture-range-end values.
 _RANGE_END = re.compile(r"none|stop|stop-shutdown|repeat(:\d+)?|repeat-shutdown:\d+")
 
@@ -175,7 +175,8 @@ def check_variant(workload: str, variant: str) -> str:
         what = (f"unknown variant {unknown[0]!r}" if unknown else
                 "more than one delay in the variant" if len(delays) > 1 else "more than one prefetch in the variant")
         raise ReportError(f"{what} for k3-decode", f"use baseline, {', '.join(K3_VARIANT_FLAGS)}, "
-                          "prefetch:<MB>, prefetch_leg:<MB> or delay:<kernel>:<ns>, joined with + (kernels/README.md)")
+                          "prefetch:<MB>, prefetch_leg:<MB>, linear_prefetch:<MB> or delay:<kernel>:<ns>, joined with + "
+                          "(kernels/README.md)")
     return variant
 
 

@@ -45,7 +45,7 @@ from kernels.k3.ops.attn_res import (
     gemm_scores_shape,
     residual_add,
 )
-from kernels.k3.ops.common import early_trigger
+from kernels.k3.ops.common import early_trigger, trigger_first
 from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
 from kernels.k3.ops.mla import gate_mul, mla_cache_insert, mla_decode_combine, mla_decode_fmha, mla_q_concat
 from kernels.k3.ops.moe import (
@@ -499,7 +499,8 @@ class K3Decode:
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         if P.linear_is_triton(self.cfg, self.variant, subop):
             self._triton(subop, skinny_mm, a, w, out, early_weights=self.variant.linear_early_weights,
-                         split_k=self._split_for(subop), tma=self.variant.linear_tma)
+                         split_k=self._split_for(subop), tma=self.variant.linear_tma,
+                         prefetch_bytes=self.variant.linear_prefetch_mb << 20)
             return
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
         with self._subop(subop):
@@ -602,12 +603,14 @@ class K3Decode:
                 self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.gemm_scores, w.gamma, s.x,
                              eps=cfg.norm_eps, one_shot=True)
                 return
-            self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
-                         addend=addend, addend2=addend2, gram_dot=v.attn_res_dot,
-                         early_rows=v.attn_res_early_rows, **self._prefetch(nxt))
-            self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.attn_res_scores,
-                         w.gamma, s.x, eps=cfg.norm_eps, one_shot=v.attn_res_dot,
-                         early_rows=v.attn_res_early_rows)
+            # pdl_trigger_first: the GEMM after the pair launches while the score runs.
+            with trigger_first(v.pdl_trigger_first):
+                self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
+                             addend=addend, addend2=addend2, gram_dot=v.attn_res_dot,
+                             early_rows=v.attn_res_early_rows, **self._prefetch(nxt))
+                self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.attn_res_scores,
+                             w.gamma, s.x, eps=cfg.norm_eps, one_shot=v.attn_res_dot,
+                             early_rows=v.attn_res_early_rows)
 
     def _kda(self, l: int, w: KDALayer) -> None:
         cfg, s, v = self.cfg, self.s, self.variant
@@ -760,10 +763,11 @@ class K3Decode:
                 self._triton(P.UP, skinny_mm, s.routed_lat, w.up_g, s.routed_out,
                              rms_of=(s.lat_sumsq, cfg.norm_eps))
             else:
-                self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
-                             **self._prefetch(w.up))
-                self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
-                             cfg.norm_eps)
+                with trigger_first(v.pdl_trigger_first):  # the up GEMM launches during the sum
+                    self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
+                                 **self._prefetch(w.up))
+                    self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
+                                 cfg.norm_eps)
                 self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
             self._join(shared)
             if P.mlp_output_folded(cfg, v, l):

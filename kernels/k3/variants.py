@@ -4,6 +4,7 @@
     parse("no_attn_forks+router_multipass")
     parse("delay:kda_step_kernel:4000")      # the named Triton kernel spins 4 us longer
     parse("prefetch:24")                     # latency-bound kernels prefetch 24 MB of the next weight
+    parse("linear_prefetch:16")              # skinny GEMMs prefetch 16 MB of their own weight first
 
 A variant changes scheduling or fusion only, never the math (kernels/README.md); the
 plan test checks that the sub-ops of every variant compute the same things.
@@ -49,11 +50,13 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "side_priority": ("side_priority", True),              # S1 and S2 above main's stream priority
     "moe_down_mixed": ("moe_down_mixed", True),            # seed 003 (fused tails): the sum in the down GEMM
     "attn_res_one_pass": ("attn_res_one_pass", True),      # score + combine, each program the whole Gram
+    "pdl_trigger_first": ("pdl_trigger_first", True),      # latency-bound kernels trigger before their wait
 }
 
 DELAY_PREFIX = "delay"
 PREFETCH_PREFIX = "prefetch"
 PREFETCH_LEG_PREFIX = "prefetch_leg"
+LINEAR_PREFETCH_PREFIX = "linear_prefetch"
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,11 @@ class Variant:
     side_priority: bool = False      # the side streams (S1, S2) at high CUDA stream priority
     moe_down_mixed: bool = False     # B = 1: the routed down GEMM forms the weighted sum itself
     attn_res_one_pass: bool = False  # B = 1: score + combine in one launch, each program the whole Gram
+    pdl_trigger_first: bool = False  # the attention residuals' score and combine, the MoE weighted sum and
+                                     # latent norm trigger their dependents before their own wait
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
+    linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 
@@ -105,6 +111,8 @@ class Variant:
             parts.append(f"{PREFETCH_PREFIX}:{self.prefetch_mb}")
         if self.prefetch_leg_mb:
             parts.append(f"{PREFETCH_LEG_PREFIX}:{self.prefetch_leg_mb}")
+        if self.linear_prefetch_mb:
+            parts.append(f"{LINEAR_PREFETCH_PREFIX}:{self.linear_prefetch_mb}")
         if self.delay_kernel and self.delay_ns:
             parts.append(f"{DELAY_PREFIX}:{self.delay_kernel}:{self.delay_ns}")
         return "+".join(parts) or "baseline"
@@ -124,7 +132,7 @@ BASELINE = Variant()
 
 def parse(name: str) -> Variant:
     """`baseline`, any flag of the table, `prefetch:<MB>`, `prefetch_leg:<MB>`,
-    `delay:<kernel>:<ns>`, joined with `+`."""
+    `linear_prefetch:<MB>`, `delay:<kernel>:<ns>`, joined with `+`."""
     v = BASELINE
     for part in (p.strip() for p in (name or "baseline").split("+")):
         if part in ("", "baseline"):
@@ -141,6 +149,12 @@ def parse(name: str) -> Variant:
                 raise ValueError(f"bad prefetch leg {part!r}: expected one {PREFETCH_LEG_PREFIX}:<MB>, MB > 0")
             v = replace(v, prefetch_leg_mb=int(mb))
             continue
+        if part.startswith(LINEAR_PREFETCH_PREFIX + ":"):
+            mb = part[len(LINEAR_PREFETCH_PREFIX) + 1:]
+            if not mb.isdigit() or int(mb) == 0 or v.linear_prefetch_mb:
+                raise ValueError(f"bad linear prefetch {part!r}: expected one {LINEAR_PREFETCH_PREFIX}:<MB>, MB > 0")
+            v = replace(v, linear_prefetch_mb=int(mb))
+            continue
         if part.startswith(DELAY_PREFIX + ":"):
             try:
                 _, kernel, ns = part.split(":")
@@ -155,7 +169,8 @@ def parse(name: str) -> Variant:
             continue
         if part not in _FLAGS:
             raise ValueError(f"unknown variant {part!r}; known: baseline, {', '.join(_FLAGS)}, "
-                             f"{PREFETCH_PREFIX}:<MB>, {PREFETCH_LEG_PREFIX}:<MB>, {DELAY_PREFIX}:<kernel>:<ns>")
+                             f"{PREFETCH_PREFIX}:<MB>, {PREFETCH_LEG_PREFIX}:<MB>, {LINEAR_PREFETCH_PREFIX}:<MB>, "
+                             f"{DELAY_PREFIX}:<kernel>:<ns>")
         field, value = _FLAGS[part]
         v = replace(v, **{field: value})
     return v

@@ -108,6 +108,15 @@ C31=$C24+moe_down_mixed
 # The attention residuals hold 44% of c20's time above the floor: score + combine as one launch
 # whose programs each form the whole Gram matrix (attn_res_one_pass, C32).
 C32=$C20+attn_res_one_pass
+# Both were slower (campaign20, campaign21); linear_tma even at B = 8 and 64: the chain goes on
+# from C24. HBM idles while the latency-bound kernels before each skinny GEMM run: the GEMM asks
+# L2 for its first weight rows before its PDL wait (linear_prefetch:<MB>), and with
+# pdl_trigger_first the kernels before it trigger first, so that it launches while they run.
+C33=$C24+pdl_trigger_first
+C34=$C24+linear_prefetch:16
+C35=$C24+linear_prefetch:8+pdl_trigger_first
+C36=$C24+linear_prefetch:16+pdl_trigger_first
+C37=$C24+linear_prefetch:32+pdl_trigger_first
 
 case $phase in
 campaign_test)
@@ -363,6 +372,15 @@ campaign21)  # attn_res_one_pass (C32): its op and model GPU tests, the standalo
     --json $OUT/ops21_b1.json 2>&1 | grep -i "dot\|one_pass\|score"
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C20 $C32 $C20 $C32 $C20 $C32 \
     --json $OUT/step21.json 2>&1 | grep "B=" ;;
+campaign22)  # linear_prefetch, pdl_trigger_first: GPU tests, the two chains standalone, C24 / C33..C37 at B = 1
+  timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py -k skinny 2>&1 \
+    | tee $OUT/gpu22.log | tail -1
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k trigger_first 2>&1 \
+    | tee -a $OUT/gpu22.log | tail -1
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases linear_prefetch --json $OUT/ops22_b1.json 2>&1 \
+    | tee $OUT/ops22_b1.log
+  timeout 250 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C24 $C33 $C34 $C35 $C36 $C37 \
+    $C24 $C33 $C34 $C35 $C36 $C37 --json $OUT/step22.json 2>&1 | grep "B=" ;;
 campaign20_big)  # C24 (linear_tma) at B = 8 and 64 against C20 (B = 64: no skinny GEMM, a control)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C24 $C20 $C24 \
     --json $OUT/step20_b8_64.json 2>&1 | grep "B=" ;;

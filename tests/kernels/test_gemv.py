@@ -50,6 +50,12 @@ def run_skinny(B, K, N, device, w_cols=None):
         tma = torch.empty_like(out)  # variant linear_tma: the same tiles, by descriptor
         skinny_mm(x, w, tma, tma=True)
         assert torch.equal(tma, out)
+        pre = torch.empty_like(out)  # variant linear_prefetch (with linear_tma): a hint, the same bits
+        skinny_mm(x, w, pre, tma=True, prefetch_bytes=1 << 20)
+        assert torch.equal(pre, out)
+    pre = torch.empty_like(out)  # variant linear_prefetch: its first rows into L2 first, the same bits
+    skinny_mm(x, w, pre, prefetch_bytes=K * w.stride(0) * 2 + 4096)  # more than its rows span
+    assert torch.equal(pre, out)
     run_split(x, w, out)
 
 

@@ -50,7 +50,8 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
            "delay:kda_step_kernel:2000", "situ_fused", "attn_res_fused",
            "attn_res_fused+residual_separate", "router_align_fused", "mlp_residual_folded",
            "mlp_residual_folded+residual_separate", "pdl_early_trigger", "attn_res_early_rows",
-           "prefetch:24", "kda_conv_fused", "moe_sum_norm_fused", "prefetch_leg:8"]
+           "prefetch:24", "kda_conv_fused", "moe_sum_norm_fused", "prefetch_leg:8", "pdl_trigger_first",
+           "pdl_early_trigger+pdl_trigger_first"]
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
@@ -60,7 +61,8 @@ NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits",
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused", "kda_conv_fused",
                      "moe_sum_norm_fused", "router_in_front", "attn_res_in_o_proj", "linear_tma",
-                     "side_priority", "moe_down_mixed", "attn_res_one_pass"])
+                     "side_priority", "moe_down_mixed", "attn_res_one_pass", "linear_prefetch:16",
+                     "pdl_trigger_first"])
 
 #: moe_down_mixed where CAMPAIGN cannot show it (its moe_tail_fused takes the tail at B = 1).
 DOWN_MIXED = "triton_linear+triton_o_proj+situ_fused+moe_down_mixed"
@@ -210,6 +212,15 @@ def test_linear_tma_bitwise_to_triton_linear():
         cfg = TINY_BLOCKS.with_(batch=B)
         assert_same(run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj"), "cpu"), 1),
                     run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj+linear_tma"), "cpu"), 1))
+
+
+@cpu
+def test_linear_prefetch_bitwise_to_triton_linear():
+    # A hint before the wait (compiled out under the interpreter: this checks the plumbing;
+    # the GPU pair below checks the bits).
+    cfg = TINY_BLOCKS.with_(batch=1)
+    assert_same(run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj"), "cpu"), 1),
+                run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj+linear_prefetch:16"), "cpu"), 1))
 
 
 @cpu
@@ -450,6 +461,23 @@ def test_gpu_variant_pairs(batch):
         sep_model = gpu_model(batch, name)  # same seed: same weights and state
         check_near(sep_model.cfg, routed, sep_model, base_eager,
                    must_differ=name == "kda_norm_separate")
+
+
+#: The campaign build c24 (kernels/scripts/h200_k3.sh), and it with the GEMMs' own L2
+#: prefetch and the latency-bound kernels' first triggers (C33).
+C24 = ("router_fork+mla_combine_wide+triton_linear+router_align_fused+mlp_residual_folded+pdl_early_trigger"
+       "+attn_res_dot+kda_conv_fused+triton_o_proj+linear_tma")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_trigger_first_and_linear_prefetch_bitwise_on_c24(batch):
+    # Scheduling and a hint only: the replayed graph's every output the same bits. A kernel
+    # that read before its producer completed would show here (three-deep PDL chains).
+    base = gpu_replay_outputs(batch, C24, steps=3)
+    for extra in ("pdl_trigger_first", "linear_prefetch:16", "linear_prefetch:16+pdl_trigger_first"):
+        assert_same(base, gpu_replay_outputs(batch, f"{C24}+{extra}", steps=3))
 
 
 @cpu

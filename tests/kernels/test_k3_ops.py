@@ -897,6 +897,9 @@ for B in (1, 8, 64):
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg)
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg, early_weights=True)
             gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg, tma=True)  # linear_tma
+            for tma in (False, True):  # variant linear_prefetch, on either weight load
+                gemv.skinny_mm(e(B, K), e(K, N + 896)[:, 896:], e(B, N), config=cfg, tma=tma,
+                               prefetch_bytes=16 << 20)
             gemv.skinny_mm(e(B, K), e(K, N), e(B, N), config=cfg, split_k=gemv.alloc_split_k(N, "meta"), splits=3)
         for (K, N) in gemv.MLA_SPLITS:  # variant triton_mla_proj: its own splits
             gemv.skinny_mm(e(B, K), e(K, N), e(B, N), split_k=gemv.alloc_split_k(N, "meta"))
@@ -916,8 +919,10 @@ TY = {BF: "bf16", F32: "fp32", I32: "i32", torch.int64: "i64", torch.uint8: "u8"
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 seen, bad = set(), []
 # Each kernel in both trigger modes: after the last store (1) and right after the wait (2,
-# variant pdl_early_trigger).
-for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
+# variant pdl_early_trigger); those variant pdl_trigger_first launches also before the wait (3).
+FIRST = {"attn_res_score_kernel", "attn_res_combine_kernel", "moe_weighted_sum_kernel", "rmsnorm_kernel"}
+for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2, 3)
+                                   if m < 3 or c[0].__name__ in FIRST]:
     meta = {k: v for k, v in meta.items() if k != "launch_pdl"}
     opts = {k: meta.pop(k) for k in ("num_warps", "num_stages") if k in meta}
     meta.update(USE_PDL=mode, DELAY_NS=1000)
@@ -954,6 +959,8 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2)]:
     pdl = "griddepcontrol.wait" in ptx and "globaltimer" in ptx
     print(kernel.__name__, "regs", regs, "spills", spills, "smem", k.metadata.shared, "pdl", pdl,
           {k: v for k, v in consts.items() if k.isupper()} if spills else "", opts if spills else "")
+    if mode == 3:  # the trigger comes before the wait
+        pdl = pdl and -1 < ptx.find("griddepcontrol.launch_dependents") < ptx.find("griddepcontrol.wait")
     if meta.get("PF_CHUNKS"):  # the bulk L2 prefetch survived to the PTX
         pdl = pdl and "cp.async.bulk.prefetch.L2.global" in ptx
     if kernel.__name__ == "attn_res_fused_kernel":  # the grid barrier's release / acquire

@@ -146,6 +146,8 @@ def test_baseline_counts():
     ("side_priority", 0),               # the same kernels, the side streams at high priority
     ("moe_down_mixed", -92),            # the weighted sum, now in the down GEMM (B = 1)
     ("attn_res_one_pass", -186),        # one launch per aggregation, not two (B = 1)
+    ("linear_prefetch:16", 0),          # the same skinny GEMMs, an L2 prefetch before their wait
+    ("pdl_trigger_first", 0),           # the same kernels, their trigger before their wait
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))

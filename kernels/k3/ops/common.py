@@ -47,12 +47,18 @@ def spin(DELAY_NS: tl.constexpr):
 
 
 #: USE_PDL values: off (interpreter), trigger after the last store, trigger right after
-#: the wait (variant pdl_early_trigger).
-PDL_OFF, PDL_LATE, PDL_EARLY = 0, 1, 2
+#: the wait (variant pdl_early_trigger), trigger before the wait (variant pdl_trigger_first).
+PDL_OFF, PDL_LATE, PDL_EARLY, PDL_FIRST = 0, 1, 2, 3
 
 
 @triton.jit
 def pdl_wait(USE_PDL: tl.constexpr):
+    if USE_PDL == 3:
+        # Trigger first: the next kernel launches (and runs its prologue, a GEMM's L2
+        # prefetch) while this one still waits for its own producer. Safe as long as every
+        # kernel waits before it reads: the next one's wait returns only once this grid has
+        # completed, and this grid completes only after its own wait has returned.
+        tl.extra.cuda.gdc_launch_dependents()
     # Everything the previous kernel wrote is visible after this; load it only after.
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -116,9 +122,10 @@ def l2_prefetch(pf, pf_bytes, PF_CHUNKS: tl.constexpr):
     latency. Each program issues PF_CHUNKS consecutive PF_CHUNK-byte bulk prefetches
     (cp.async.bulk.prefetch, sm_90): fire and forget, a hint with no result and no effect
     on any value, so the kernel neither waits for them nor orders anything after them.
-    `pf` is the weight's bytes (uint8). Compiled out with PF_CHUNKS = 0 and under the
-    interpreter."""
+    `pf` points at the weight's first byte (any element type). Compiled out with
+    PF_CHUNKS = 0 and under the interpreter."""
     if PF_CHUNKS > 0 and not INTERPRET_C:
+        pf = pf.to(tl.pointer_type(tl.uint8))  # offsets in bytes, whatever the weight's type
         pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         offs = (pid * PF_CHUNKS + tl.arange(0, PF_CHUNKS)).to(tl.int64) * PF_CHUNK_C
         size = tl.minimum(tl.maximum(pf_bytes - offs, 0), PF_CHUNK_C).to(tl.int32)
@@ -150,6 +157,21 @@ def early_trigger(enabled: bool = True):
     compiled kernel, so models of both kinds can share a process."""
     global _trigger
     prev, _trigger = _trigger, (PDL_EARLY if enabled else PDL_LATE)
+    try:
+        yield
+    finally:
+        _trigger = prev
+
+
+@contextmanager
+def trigger_first(enabled: bool = True):
+    """Kernels launched inside trigger their dependents before their own wait (variant
+    pdl_trigger_first): the latency-bound kernels in front of a skinny GEMM, so that the GEMM
+    launches, and asks L2 for its first weight rows (linear_prefetch), while they run."""
+    global _trigger
+    prev = _trigger
+    if enabled:
+        _trigger = PDL_FIRST
     try:
         yield
     finally:

@@ -18,7 +18,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.k3.plan import SKINNY_MAX_B  # one MMA tile of tokens; torch.mm beyond
 from kernels.k3.ops.attn_res import gemm_scores_shape, gram_of_columns
-from kernels.k3.ops.common import DOT_F32, dot, launch, next_pow2, pdl_trigger, pdl_wait, spin, to_dtype
+from kernels.k3.ops.common import (DOT_F32, PF_CHUNK, cdiv, dot, l2_prefetch, launch, next_pow2, pdl_trigger, pdl_wait,
+                                   spin, to_dtype)
 
 
 @triton.jit
@@ -63,7 +64,7 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 @triton.jit
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
                      sumsq, n_sumsq, ws, tickets, k_per, bank, n_rows, stride_br, query, scores, w_desc,
-                     TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     pf, pf_bytes, PF_CHUNKS: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
                      SPLIT_K: tl.constexpr, GRAM: tl.constexpr, FOLD: tl.constexpr, R: tl.constexpr,
                      W: tl.constexpr, T: tl.constexpr, DOT_F32: tl.constexpr,
@@ -99,6 +100,10 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
         k_first = BLOCK_K
         w0 = tl.load(w_cols + kr.to(tl.int64)[:, None] * stride_w, mask=(kr[:, None] < K) & nm[None, :],
                      other=0.0)
+    # Variant linear_prefetch:<MB>: the weight's first rows (every program's first K blocks)
+    # into L2 before the wait. Under early or first triggers this launch starts while the
+    # latency-bound kernels before it run, and HBM would idle through them.
+    l2_prefetch(pf, pf_bytes, PF_CHUNKS)
     pdl_wait(USE_PDL)  # x is the producer's output
     if EARLY_W:
         x0 = tl.load(x_rows + kr[None, :], mask=mm[:, None] & (kr[None, :] < K), other=0.0)
@@ -255,10 +260,23 @@ def weight_descriptor(w: torch.Tensor, block_k: int, block_n: int) -> TensorDesc
     return TensorDescriptor(w, shape=list(w.shape), strides=[w.stride(0), 1], block_shape=[block_k, block_n])
 
 
+def leading_rows_prefetch(w: torch.Tensor, nbytes: int, grid: tuple[int, int]) -> dict:
+    """common.l2_prefetch's arguments for the first `nbytes` of w's rows (w [K, N] may be a
+    column slice: its rows' span from its first element on, the other columns included),
+    split over the grid's programs; off where nbytes <= 0 or w is not 16-byte aligned."""
+    K, N = w.shape
+    span = ((K - 1) * w.stride(0) + N) * w.element_size()
+    nbytes = min(nbytes, span) // 16 * 16
+    if nbytes <= 0 or w.data_ptr() % 16:
+        return dict(pf=w, pf_bytes=0, PF_CHUNKS=0)
+    return dict(pf=w, pf_bytes=nbytes, PF_CHUNKS=next_pow2(cdiv(cdiv(nbytes, PF_CHUNK), grid[0] * grid[1])))
+
+
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
               config: tuple[int, int, int, int] | None = None, rms_of: tuple | None = None,
               early_weights: bool = False, split_k: SplitK | None = None, splits: int | None = None,
-              gram: tuple | None = None, tma: bool = False, delay_ns: int = 0) -> torch.Tensor:
+              gram: tuple | None = None, tma: bool = False, prefetch_bytes: int = 0,
+              delay_ns: int = 0) -> torch.Tensor:
     """out = x @ w for B <= SKINNY_MAX_B tokens; w [K, N] with unit column stride (a
     column slice of a wider weight is fine), x and out row-strided. `rms_of = (sumsq, eps)`
     (variant latent_norm_folded): out[b] = x[b] @ w / rms(x[b]), the RMS from sumsq fp32
@@ -273,7 +291,10 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     (fold: the output is added to bank[n_rows-1]; else `out` is that row), its partials
     into `scores` (attn_res.gemm_scores_shape with this GEMM's block_n). `tma` (variant
     linear_tma): the weight streams through a TMA tensor descriptor (w 16-byte aligned, its
-    row pitch too) where block_n spans 128 bytes; the same products in the same order."""
+    row pitch too) where block_n spans 128 bytes; the same products in the same order.
+    `prefetch_bytes` (variant linear_prefetch:<MB>): before its PDL wait the launch asks L2
+    for that many of w's leading bytes, its first K rows across all columns (a hint: no
+    value changes)."""
     B, K = x.shape
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
@@ -302,10 +323,11 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
         assert scores.shape == gemm_scores_shape(N, bn, bank.shape[0]) and scores.is_contiguous()
         assert fold or out.data_ptr() == bank[n_rows - 1].data_ptr()
     R = next_pow2(bank.shape[0]) if gram is not None else 1
-    launch(skinny_mm_kernel, (triton.cdiv(N, bn), S), x, w, out, B, K, N, x.stride(0), w.stride(0),
+    grid = (triton.cdiv(N, bn), S)
+    launch(skinny_mm_kernel, grid, x, w, out, B, K, N, x.stride(0), w.stride(0),
            out.stride(0), x, x, eps, sumsq, n_sq, ws, tickets, k_per, bank, n_rows,
            bank.stride(0) if gram is not None else 0, query, scores,
-           weight_descriptor(w, bk, bn) if tma else w, TMA=tma, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+           weight_descriptor(w, bk, bn) if tma else w, **leading_rows_prefetch(w, prefetch_bytes, grid), TMA=tma, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
            EVEN_K=K % bk == 0, MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, SPLIT_K=S,
            GRAM=gram is not None, FOLD=bool(fold), R=R, W=next_pow2(R + 1), T=max(16, next_pow2(R + 1)),
            DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
@@ -327,7 +349,8 @@ def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor
     assert w.shape[0] == K and out.shape == (1, N) and y.stride(1) == 1 and w.stride(1) == 1
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
-           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, w, TMA=False, BLOCK_M=16,
+           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, w, w, 0, PF_CHUNKS=0,
+           TMA=False, BLOCK_M=16,
            BLOCK_N=bn,
            BLOCK_K=bk, EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, SPLIT_K=1, GRAM=False, FOLD=False, R=1,
            W=2, T=16, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
