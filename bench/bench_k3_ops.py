@@ -505,7 +505,7 @@ def linear_tma(B: int, calls: int) -> dict[str, float]:
 
 
 #: Variant linear_prefetch:<MB> sizes the chains below are timed at.
-PREFETCH_MB = (8, 16, 32)
+PREFETCH_MB = (4, 8, 16)
 
 
 def prefetch_chains(B: int, calls: int) -> dict[str, float]:

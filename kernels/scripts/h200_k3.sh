@@ -117,6 +117,13 @@ C34=$C24+linear_prefetch:16
 C35=$C24+linear_prefetch:8+pdl_trigger_first
 C36=$C24+linear_prefetch:16+pdl_trigger_first
 C37=$C24+linear_prefetch:32+pdl_trigger_first
+# C34-C37 ran slower the more they prefetched (campaign22, commit 5500536): the GEMM asked L2 for
+# its weight by bulk prefetches, which queue ahead of its own TMA loads. Now each program asks
+# for its own lines by prefetch.global.L2 on the load/store path.
+C38=$C24+linear_prefetch:8
+C39=$C24+linear_prefetch:16
+C40=$C24+linear_prefetch:8+pdl_trigger_first
+C41=$C24+linear_prefetch:16+pdl_trigger_first
 
 case $phase in
 campaign_test)
@@ -381,6 +388,15 @@ campaign22)  # linear_prefetch, pdl_trigger_first: GPU tests, the two chains sta
     | tee $OUT/ops22_b1.log
   timeout 250 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C24 $C33 $C34 $C35 $C36 $C37 \
     $C24 $C33 $C34 $C35 $C36 $C37 --json $OUT/step22.json 2>&1 | grep "B=" ;;
+campaign23)  # linear_prefetch by line prefetches: the skinny GPU tests, the chains, C24 / C38..C41 at B = 1
+  timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py -k skinny 2>&1 \
+    | tee $OUT/gpu23.log | tail -1
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k trigger_first 2>&1 \
+    | tee -a $OUT/gpu23.log | tail -1
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases linear_prefetch --json $OUT/ops23_b1.json 2>&1 \
+    | tee $OUT/ops23_b1.log | grep -v "one call"
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C24 $C38 $C39 $C40 $C41 \
+    $C24 $C38 $C39 $C40 $C41 --json $OUT/step23.json 2>&1 | grep "B=" ;;
 campaign20_big)  # C24 (linear_tma) at B = 8 and 64 against C20 (B = 64: no skinny GEMM, a control)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C24 $C20 $C24 \
     --json $OUT/step20_b8_64.json 2>&1 | grep "B=" ;;

@@ -961,6 +961,8 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2, 3)
           {k: v for k, v in consts.items() if k.isupper()} if spills else "", opts if spills else "")
     if mode == 3:  # the trigger comes before the wait
         pdl = pdl and -1 < ptx.find("griddepcontrol.launch_dependents") < ptx.find("griddepcontrol.wait")
+    if meta.get("PF_ROWS"):  # variant linear_prefetch: the line prefetches survived to the PTX
+        pdl = pdl and "prefetch.global.L2" in ptx
     if meta.get("PF_CHUNKS"):  # the bulk L2 prefetch survived to the PTX
         pdl = pdl and "cp.async.bulk.prefetch.L2.global" in ptx
     if kernel.__name__ == "attn_res_fused_kernel":  # the grid barrier's release / acquire

@@ -122,10 +122,9 @@ def l2_prefetch(pf, pf_bytes, PF_CHUNKS: tl.constexpr):
     latency. Each program issues PF_CHUNKS consecutive PF_CHUNK-byte bulk prefetches
     (cp.async.bulk.prefetch, sm_90): fire and forget, a hint with no result and no effect
     on any value, so the kernel neither waits for them nor orders anything after them.
-    `pf` points at the weight's first byte (any element type). Compiled out with
-    PF_CHUNKS = 0 and under the interpreter."""
+    `pf` is the weight's bytes (uint8). Compiled out with PF_CHUNKS = 0 and under the
+    interpreter."""
     if PF_CHUNKS > 0 and not INTERPRET_C:
-        pf = pf.to(tl.pointer_type(tl.uint8))  # offsets in bytes, whatever the weight's type
         pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         offs = (pid * PF_CHUNKS + tl.arange(0, PF_CHUNKS)).to(tl.int64) * PF_CHUNK_C
         size = tl.minimum(tl.maximum(pf_bytes - offs, 0), PF_CHUNK_C).to(tl.int32)

@@ -18,8 +18,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.k3.plan import SKINNY_MAX_B  # one MMA tile of tokens; torch.mm beyond
 from kernels.k3.ops.attn_res import gemm_scores_shape, gram_of_columns
-from kernels.k3.ops.common import (DOT_F32, PF_CHUNK, cdiv, dot, l2_prefetch, launch, next_pow2, pdl_trigger, pdl_wait,
-                                   spin, to_dtype)
+from kernels.k3.ops.common import (DOT_F32, INTERPRET_C, dot, launch, next_pow2, pdl_trigger, pdl_wait, spin,
+                                   to_dtype)
 
 
 @triton.jit
@@ -64,7 +64,7 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 @triton.jit
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
                      sumsq, n_sumsq, ws, tickets, k_per, bank, n_rows, stride_br, query, scores, w_desc,
-                     pf, pf_bytes, PF_CHUNKS: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     pf_rows, PF_ROWS: tl.constexpr, PF_LINES: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
                      SPLIT_K: tl.constexpr, GRAM: tl.constexpr, FOLD: tl.constexpr, R: tl.constexpr,
                      W: tl.constexpr, T: tl.constexpr, DOT_F32: tl.constexpr,
@@ -100,10 +100,10 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
         k_first = BLOCK_K
         w0 = tl.load(w_cols + kr.to(tl.int64)[:, None] * stride_w, mask=(kr[:, None] < K) & nm[None, :],
                      other=0.0)
-    # Variant linear_prefetch:<MB>: the weight's first rows (every program's first K blocks)
-    # into L2 before the wait. Under early or first triggers this launch starts while the
-    # latency-bound kernels before it run, and HBM would idle through them.
-    l2_prefetch(pf, pf_bytes, PF_CHUNKS)
+    # Variant linear_prefetch:<MB>: this program's first pf_rows weight rows into L2 before
+    # the wait. Under early or first triggers this launch starts while the latency-bound
+    # kernels before it run, and HBM would idle through them.
+    prefetch_lines(w, stride_w, tl.program_id(0) * BLOCK_N, tl.program_id(1) * k_per, pf_rows, PF_ROWS, PF_LINES)
     pdl_wait(USE_PDL)  # x is the producer's output
     if EARLY_W:
         x0 = tl.load(x_rows + kr[None, :], mask=mm[:, None] & (kr[None, :] < K), other=0.0)
@@ -155,6 +155,24 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
         gram_of_columns(o0, ns, nm, bank, n_rows, stride_br, query, scores, FOLD, R, W, T, DOT_F32)
     spin(DELAY_NS)
     pdl_trigger(USE_PDL)
+
+
+@triton.jit
+def prefetch_lines(w, stride_w, n0, k0, rows, PF_ROWS: tl.constexpr, PF_LINES: tl.constexpr):
+    """Variant linear_prefetch: ask L2 for the PF_LINES 128-byte lines from column n0 of w's
+    rows k0 .. k0 + rows, one `prefetch.global.L2` per line spread over the threads: a
+    non-binding hint on the load/store path (the bulk prefetch, cp.async.bulk.prefetch,
+    queued ahead of the GEMM's own TMA loads and cost more than its bytes: campaign22).
+    Compiled out with PF_ROWS = 0 and under the interpreter."""
+    if PF_ROWS > 0 and not INTERPRET_C:
+        cols = n0 + tl.arange(0, PF_LINES) * 64  # 64 bf16 = one line
+        for r0 in range(0, rows, PF_ROWS):
+            rs = r0 + tl.arange(0, PF_ROWS)
+            ptrs = w + (k0 + rs).to(tl.int64)[:, None] * stride_w + cols[None, :]
+            on = (rs[:, None] < rows).to(tl.int32) + tl.zeros([PF_ROWS, PF_LINES], dtype=tl.int32)
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                "=r,l,r", [ptrs, on], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -260,16 +278,19 @@ def weight_descriptor(w: torch.Tensor, block_k: int, block_n: int) -> TensorDesc
     return TensorDescriptor(w, shape=list(w.shape), strides=[w.stride(0), 1], block_shape=[block_k, block_n])
 
 
-def leading_rows_prefetch(w: torch.Tensor, nbytes: int, grid: tuple[int, int]) -> dict:
-    """common.l2_prefetch's arguments for the first `nbytes` of w's rows (w [K, N] may be a
-    column slice: its rows' span from its first element on, the other columns included),
-    split over the grid's programs; off where nbytes <= 0 or w is not 16-byte aligned."""
+#: Rows per step of prefetch_lines' loop (with PF_LINES lines each, over the program's threads).
+PF_ROWS = 256
+
+
+def own_rows_prefetch(w: torch.Tensor, nbytes: int, block_n: int, k_per: int) -> dict:
+    """prefetch_lines' arguments for about `nbytes` of w [K, N] in all: each program its own
+    columns of its first rows (of its K split), no more rows than the split has."""
     K, N = w.shape
-    span = ((K - 1) * w.stride(0) + N) * w.element_size()
-    nbytes = min(nbytes, span) // 16 * 16
-    if nbytes <= 0 or w.data_ptr() % 16:
-        return dict(pf=w, pf_bytes=0, PF_CHUNKS=0)
-    return dict(pf=w, pf_bytes=nbytes, PF_CHUNKS=next_pow2(cdiv(cdiv(nbytes, PF_CHUNK), grid[0] * grid[1])))
+    rows = min(k_per, nbytes // max(1, N * w.element_size() * (-(-K // k_per))))
+    if rows <= 0:
+        return dict(pf_rows=0, PF_ROWS=0, PF_LINES=1)
+    return dict(pf_rows=rows, PF_ROWS=min(PF_ROWS, next_pow2(rows)),
+                PF_LINES=max(1, block_n * w.element_size() // 128))
 
 
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
@@ -292,8 +313,8 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     into `scores` (attn_res.gemm_scores_shape with this GEMM's block_n). `tma` (variant
     linear_tma): the weight streams through a TMA tensor descriptor (w 16-byte aligned, its
     row pitch too) where block_n spans 128 bytes; the same products in the same order.
-    `prefetch_bytes` (variant linear_prefetch:<MB>): before its PDL wait the launch asks L2
-    for that many of w's leading bytes, its first K rows across all columns (a hint: no
+    `prefetch_bytes` (variant linear_prefetch:<MB>): before its PDL wait each program asks
+    L2 for its own columns of its first K rows, about that many bytes in all (a hint: no
     value changes)."""
     B, K = x.shape
     N = w.shape[1]
@@ -327,7 +348,7 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     launch(skinny_mm_kernel, grid, x, w, out, B, K, N, x.stride(0), w.stride(0),
            out.stride(0), x, x, eps, sumsq, n_sq, ws, tickets, k_per, bank, n_rows,
            bank.stride(0) if gram is not None else 0, query, scores,
-           weight_descriptor(w, bk, bn) if tma else w, **leading_rows_prefetch(w, prefetch_bytes, grid), TMA=tma, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+           weight_descriptor(w, bk, bn) if tma else w, **own_rows_prefetch(w, prefetch_bytes, bn, k_per), TMA=tma, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
            EVEN_K=K % bk == 0, MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, SPLIT_K=S,
            GRAM=gram is not None, FOLD=bool(fold), R=R, W=next_pow2(R + 1), T=max(16, next_pow2(R + 1)),
            DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
@@ -349,7 +370,7 @@ def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor
     assert w.shape[0] == K and out.shape == (1, N) and y.stride(1) == 1 and w.stride(1) == 1
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
-           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, w, w, 0, PF_CHUNKS=0,
+           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, w, 0, PF_ROWS=0, PF_LINES=1,
            TMA=False, BLOCK_M=16,
            BLOCK_N=bn,
            BLOCK_K=bk, EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, SPLIT_K=1, GRAM=False, FOLD=False, R=1,
