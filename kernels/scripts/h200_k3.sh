@@ -408,6 +408,12 @@ record_build)  # record_build cNN: build CNN recorded at full depth (2 runs), it
   rec k3_bs1_$2 --layers 8 --steps 40 --variant ${!v}
   rec k3_bs1_c20 --layers 8 --steps 40 --variant $C20
   pack k3_$2 ;;
+record_ab)  # record_ab cOLD cNEW: the two builds recorded at full depth in one call, interleaved (2 runs each)
+  o=C${2#c}; n=C${3#c}; [ -n "${!o:-}" ] && [ -n "${!n:-}" ] || { echo "no build $o or $n in this script"; exit 2; }
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_$2_$r --steps 40 --variant ${!o}; rec k3_full_$3_$r --steps 40 --variant ${!n}; done
+  pack k3_$2_$3 ;;
 campaign17)  # attn_res_in_o_proj: its op and model GPU tests, C20 / C23 interleaved, C23 recorded (2 runs)
   test_time_record "o_proj_epilogue or attn_res" 17 c23 $C23 ;;
 campaign13_rec)  # C22 (the sweep's config now the default): its op and model GPU tests, C20 / C22, recorded (2 runs)
