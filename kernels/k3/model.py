@@ -61,7 +61,8 @@ from kernels.k3.ops.moe import (
     situ_mul,
     weighted_sum_chunks,
 )
-from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, alloc_split_k, gemv, skinny_mm, skinny_mm_mixnorm
+from kernels.k3.ops.gemv import (SKINNY_CONFIGS, SKINNY_DEFAULT, TMA_CONFIGS, alloc_split_k, gemv, skinny_mm,
+                                 skinny_mm_mixnorm)
 from kernels.k3.ops.norm import rmsnorm
 from kernels.k3.ops.prefetch import l2_prefetch_weight
 from kernels.k3.variants import BASELINE, Variant
@@ -497,10 +498,13 @@ class K3Decode:
         return None
 
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
-        if P.linear_is_triton(self.cfg, self.variant, subop):
-            self._triton(subop, skinny_mm, a, w, out, early_weights=self.variant.linear_early_weights,
-                         split_k=self._split_for(subop), tma=self.variant.linear_tma,
-                         prefetch_bytes=self.variant.linear_prefetch_mb << 20)
+        v = self.variant
+        if P.linear_is_triton(self.cfg, v, subop):
+            tma = v.linear_tma and (not v.linear_tma_x or a.shape[1] == self.cfg.hidden)
+            config = TMA_CONFIGS.get(tuple(w.shape)) if tma and v.linear_tma_tuned else None
+            self._triton(subop, skinny_mm, a, w, out, early_weights=v.linear_early_weights,
+                         split_k=self._split_for(subop), tma=tma, config=config,
+                         prefetch_bytes=v.linear_prefetch_mb << 20)
             return
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
         with self._subop(subop):

@@ -51,6 +51,8 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "moe_down_mixed": ("moe_down_mixed", True),            # seed 003 (fused tails): the sum in the down GEMM
     "attn_res_one_pass": ("attn_res_one_pass", True),      # score + combine, each program the whole Gram
     "pdl_trigger_first": ("pdl_trigger_first", True),      # latency-bound kernels trigger before their wait
+    "linear_tma_x": ("linear_tma_x", True),                # linear_tma on the GEMMs that read x only
+    "linear_tma_tuned": ("linear_tma_tuned", True),        # linear_tma's front at the TMA sweep's best config
 }
 
 DELAY_PREFIX = "delay"
@@ -99,6 +101,9 @@ class Variant:
                                      # latent norm trigger their dependents before their own wait
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
     prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
+    linear_tma_x: bool = False       # with linear_tma: TMA only where K is the hidden size (MoE front, KDA
+                                     # qkvg); the o_proj and MoE up GEMMs keep pointer loads
+    linear_tma_tuned: bool = False   # with linear_tma: the MoE front's rest at TMA_CONFIGS' block (64, 256, 4 warps)
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

@@ -124,6 +124,13 @@ C38=$C24+linear_prefetch:8
 C39=$C24+linear_prefetch:16
 C40=$C24+linear_prefetch:8+pdl_trigger_first
 C41=$C24+linear_prefetch:16+pdl_trigger_first
+# Neither prefetch helped in the step (campaign23). k3trace diff of C20 / C24 recorded in one call
+# (record_ab): TMA sped up the MoE GEMMs and qkvg, and slowed the KDA o_proj with the score after
+# it (+35 us together). TMA on the GEMMs that read x only (C42); the front at the TMA sweep's
+# best config (C43); both (C44).
+C42=$C24+linear_tma_x
+C43=$C24+linear_tma_tuned
+C44=$C24+linear_tma_x+linear_tma_tuned
 
 case $phase in
 campaign_test)
@@ -397,6 +404,11 @@ campaign23)  # linear_prefetch by line prefetches: the skinny GPU tests, the cha
     | tee $OUT/ops23_b1.log | grep -v "one call"
   timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C24 $C38 $C39 $C40 $C41 \
     $C24 $C38 $C39 $C40 $C41 --json $OUT/step23.json 2>&1 | grep "B=" ;;
+campaign24)  # linear_tma_x, linear_tma_tuned: the GPU tests, C24 / C42 / C43 / C44 at B = 1 (3 rounds)
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "c24 or matches_reference" \
+    2>&1 | tee $OUT/gpu24.log | tail -1
+  timeout 250 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C24 $C42 $C43 $C44 \
+    $C24 $C42 $C43 $C44 $C24 $C42 $C43 $C44 --json $OUT/step24.json 2>&1 | grep "B=" ;;
 campaign20_big)  # C24 (linear_tma) at B = 8 and 64 against C20 (B = 64: no skinny GEMM, a control)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C24 $C20 $C24 \
     --json $OUT/step20_b8_64.json 2>&1 | grep "B=" ;;

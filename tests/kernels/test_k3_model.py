@@ -62,7 +62,7 @@ CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused"
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused", "kda_conv_fused",
                      "moe_sum_norm_fused", "router_in_front", "attn_res_in_o_proj", "linear_tma",
                      "side_priority", "moe_down_mixed", "attn_res_one_pass", "linear_prefetch:16",
-                     "pdl_trigger_first"])
+                     "pdl_trigger_first", "linear_tma_tuned"])
 
 #: moe_down_mixed where CAMPAIGN cannot show it (its moe_tail_fused takes the tail at B = 1).
 DOWN_MIXED = "triton_linear+triton_o_proj+situ_fused+moe_down_mixed"
@@ -212,6 +212,16 @@ def test_linear_tma_bitwise_to_triton_linear():
         cfg = TINY_BLOCKS.with_(batch=B)
         assert_same(run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj"), "cpu"), 1),
                     run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj+linear_tma"), "cpu"), 1))
+
+
+@cpu
+def test_linear_tma_x_and_tuned_bitwise_to_linear_tma():
+    # TMA on fewer GEMMs (the same tiles by pointer loads), the front at another warp count.
+    cfg = TINY_BLOCKS.with_(batch=1)
+    base = run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj+linear_tma"), "cpu"), 1)
+    for extra in ("linear_tma_x", "linear_tma_tuned"):
+        assert_same(base, run_steps(K3Decode(cfg, parse(f"triton_linear+triton_o_proj+linear_tma+{extra}"),
+                                             "cpu"), 1))
 
 
 @cpu
@@ -472,11 +482,13 @@ C24 = ("router_fork+mla_combine_wide+triton_linear+router_align_fused+mlp_residu
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8])
-def test_gpu_trigger_first_and_linear_prefetch_bitwise_on_c24(batch):
-    # Scheduling and a hint only: the replayed graph's every output the same bits. A kernel
-    # that read before its producer completed would show here (three-deep PDL chains).
+def test_gpu_c24_variants_bitwise(batch):
+    # Scheduling, a hint, the same tiles by pointer loads: the replayed graph's every output
+    # the same bits. A kernel that read before its producer completed would show here
+    # (pdl_trigger_first's three-deep PDL chains).
     base = gpu_replay_outputs(batch, C24, steps=3)
-    for extra in ("pdl_trigger_first", "linear_prefetch:16", "linear_prefetch:16+pdl_trigger_first"):
+    for extra in ("pdl_trigger_first", "linear_prefetch:16", "linear_prefetch:16+pdl_trigger_first",
+                  "linear_tma_x"):
         assert_same(base, gpu_replay_outputs(batch, f"{C24}+{extra}", steps=3))
 
 

@@ -236,6 +236,11 @@ SKINNY_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (7168, 3648): (32, 256, 4, 4),   # MLA q_a | kv_a | g_proj (mla_proj_merged) 17.9 us vs 18.2
 }
 SKINNY_DEFAULT = (64, 256, 8, 4)
+#: Variant linear_tma_tuned: with TMA, the configs bench_k3_ops.py --cases linear_tma found
+#: faster one call at a time on the H200 (round 7: the front's rest 25.07 -> 24.56 us).
+TMA_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
+    (7168, 5120): (64, 256, 4, 4),
+}
 #: Variant linear_split_k: (config, split) per (K, N), where splitting K over programs
 #: beat the unsplit kernel in bench/bench_k3_ops.py's split sweep on the H200 at B = 1;
 #: other shapes stay unsplit. In the step the split front was slower (kernels/README.md,
