@@ -409,6 +409,11 @@ campaign24)  # linear_tma_x, linear_tma_tuned: the GPU tests, C24 / C42 / C43 / 
     2>&1 | tee $OUT/gpu24.log | tail -1
   timeout 250 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C24 $C42 $C43 $C44 \
     $C24 $C42 $C43 $C44 $C24 $C42 $C43 $C44 --json $OUT/step24.json 2>&1 | grep "B=" ;;
+campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
+  timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
+    --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 
+  timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "kernel_nodes or replay" \
+    2>&1 | tee $OUT/gpu24b.log | tail -1 ;;
 campaign20_big)  # C24 (linear_tma) at B = 8 and 64 against C20 (B = 64: no skinny GEMM, a control)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C24 $C20 $C24 \
     --json $OUT/step20_b8_64.json 2>&1 | grep "B=" ;;
