@@ -20,23 +20,51 @@ from enum import Enum
 from pathlib import Path
 from typing import Iterator, Optional
 
-import click
+import functools
+from typing import TYPE_CHECKING
+
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
 from k3trace import __version__
-from k3trace.config import Config, load_config
 from k3trace.errors import ReportError, printable
-from k3trace.ingest.tools import Tools
+
+if TYPE_CHECKING:  # imported where used: `k3trace --help` needs neither (bench_startup.py)
+    from rich.console import Console
+
+    from k3trace.config import Config
+    from k3trace.ingest.tools import Tools
 
 
-try:  # typer >= 0.22 carries its own copy of click; its errors are not click's
-    from typer import _click as _typer_click
-except ImportError:  # pragma: no cover - older typer
-    _typer_click = click
-USAGE_ERRORS = (click.ClickException, _typer_click.ClickException)
-NO_ARGS = (click.exceptions.NoArgsIsHelpError, _typer_click.exceptions.NoArgsIsHelpError)
+def load_config(path: Path | None) -> Config:
+    """k3trace.config.load_config, imported on first use (`--help` reads no config)."""
+    from k3trace.config import load_config as load
+
+    return load(path)
+
+
+def _clicks() -> list:
+    """The click modules whose errors can reach us: typer >= 0.22 carries its own copy, and
+    the standalone one only where something imported it (importing it here costs `--help`
+    about 10 ms of its start-up, for errors nothing would raise)."""
+    try:
+        from typer import _click as own
+    except ImportError:  # pragma: no cover - older typer
+        import click as own
+    standalone = sys.modules.get("click")
+    return [own] + ([standalone] if standalone is not None and standalone is not own else [])
+
+
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    return tuple(c.ClickException for c in _clicks())
+
+
+def _no_args() -> tuple[type[BaseException], ...]:
+    return tuple(c.exceptions.NoArgsIsHelpError for c in _clicks())
+
+
+def _aborts() -> tuple[type[BaseException], ...]:
+    return (*(c.exceptions.Abort for c in _clicks()), typer.Abort)
 
 
 class OneLineUsageErrors(TyperGroup):
@@ -48,19 +76,19 @@ class OneLineUsageErrors(TyperGroup):
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
-        except NO_ARGS as exc:  # bare `k3trace`: the help, as click does
+        except _no_args() as exc:  # bare `k3trace`: the help, as click does
             exc.show()
             sys.exit(exc.exit_code)
-        except USAGE_ERRORS as exc:
+        except _usage_errors() as exc:
             ctx = getattr(exc, "ctx", None)
             where = ctx.command_path if ctx is not None else "k3trace"
             problem = exc.format_message().strip().rstrip(".").replace("Value error, ", "")
             problem = problem[:1].lower() + problem[1:]
-            err.print(f"k3trace: {printable(problem)}; see `{where} -h`", markup=False, highlight=False,
+            err().print(f"k3trace: {printable(problem)}; see `{where} -h`", markup=False, highlight=False,
                       soft_wrap=True)
             sys.exit(exc.exit_code)
-        except (click.exceptions.Abort, typer.Abort):
-            err.print("k3trace: interrupted", markup=False, highlight=False)
+        except _aborts():
+            err().print("k3trace: interrupted", markup=False, highlight=False)
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
 
@@ -69,7 +97,15 @@ app = typer.Typer(cls=OneLineUsageErrors, add_completion=False, no_args_is_help=
                   rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Critical-path and two-stream analysis of LLM decode steps from Nsight Systems traces.")
-err = Console(stderr=True)
+
+
+@functools.cache
+def err() -> Console:
+    """Rich's console on stderr, made on first use (rich's import is a third of `--help`'s)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
 
 #: Piped output this wide unless --width or COLUMNS says otherwise (rich would use 80).
 PIPE_WIDTH = 200
@@ -90,6 +126,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def _stdout(width: int | None = None) -> Console:
     """Rich's console on stdout: `--width` when given; on a terminal, its width; piped,
     COLUMNS when set, else wide enough for kernel names. Names wrap, never cut."""
+    from rich.console import Console
+
     if width is not None:
         return Console(width=width)
     if sys.stdout.isatty():
@@ -100,7 +138,7 @@ def _stdout(width: int | None = None) -> Console:
 
 def wrote(path: Path, what: str, detail: str = "") -> None:
     """Every file a command writes is announced on stderr, with the path as given."""
-    err.print(f"k3trace: wrote {what} {printable(str(path))}" + (f" ({printable(detail)})" if detail else ""),
+    err().print(f"k3trace: wrote {what} {printable(str(path))}" + (f" ({printable(detail)})" if detail else ""),
               markup=False, highlight=False, soft_wrap=True)
 
 
@@ -215,11 +253,13 @@ class Environment:
                 for sub in (folder, folder / "traces", folder / "analyses"):
                     cachefs.clean_leftovers(sub)
         nsys = os.environ.get("K3TRACE_NSYS") or shutil.which("nsys")
+        from k3trace.ingest.tools import Tools
+
         return cls(cache_dir=folder, tools=Tools(nsys=nsys))
 
 
 def note(text: str) -> None:
-    err.print(f"k3trace: note: {printable(text)}", markup=False, highlight=False, soft_wrap=True)
+    err().print(f"k3trace: note: {printable(text)}", markup=False, highlight=False, soft_wrap=True)
 
 
 @contextmanager
@@ -228,7 +268,7 @@ def _progress(label: str) -> Iterator:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                        console=err, transient=True)
+                        console=err(), transient=True)
     label = printable(label)
     task = progress.add_task(f"{label}: starting", total=None)
     started = threading.Event()
@@ -239,7 +279,7 @@ def _progress(label: str) -> Iterator:
 
     timer = threading.Timer(1.0, start)
     timer.daemon = True
-    if err.is_terminal:  # a spinner in a log or a pipe is only noise (and a stray blank line)
+    if err().is_terminal:  # a spinner in a log or a pipe is only noise (and a stray blank line)
         timer.start()
     try:
         yield lambda phase: progress.update(task, description=f"{label}: {phase}")
@@ -287,16 +327,16 @@ def analyses_of(paths: tuple[Path, ...], cfg: Config, env: Environment, donor=No
 
 def fail(exc: BaseException) -> None:
     if isinstance(exc, ReportError):
-        err.print(f"k3trace: {printable(str(exc))}", markup=False, highlight=False, soft_wrap=True)
+        err().print(f"k3trace: {printable(str(exc))}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(ReportError.exit_code)
     if isinstance(exc, KeyboardInterrupt):
-        err.print("k3trace: interrupted", markup=False, highlight=False)
+        err().print("k3trace: interrupted", markup=False, highlight=False)
         raise typer.Exit(130)
     if isinstance(exc, MemoryError):
-        err.print("k3trace: out of memory; analyse a shorter capture, or give k3trace more memory",
+        err().print("k3trace: out of memory; analyse a shorter capture, or give k3trace more memory",
                   markup=False, highlight=False)
         raise typer.Exit(1)
-    err.print(f"k3trace: internal error: {type(exc).__name__}: {printable(str(exc))} "
+    err().print(f"k3trace: internal error: {type(exc).__name__}: {printable(str(exc))} "
               "(set K3TRACE_DEBUG=1 for the traceback)", markup=False, highlight=False, soft_wrap=True)
     if os.environ.get("K3TRACE_DEBUG"):
         raise exc

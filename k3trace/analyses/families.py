@@ -10,7 +10,13 @@ from k3trace.analyses.overlap import StepOverlap
 
 
 def family_table(overlap: StepOverlap, n_steps: int) -> pl.DataFrame:
-    k = overlap.kernels
+    # Keyed on the family's code throughout: its position among the distinct families,
+    # sorted, so the interval scans order the groups as by the text (which they would cast
+    # to such a code themselves), and the per-segment firsts, grouping and joins below read
+    # integers, not text; the text is put back on the result's few rows.
+    names = overlap.kernels["family"].unique().drop_nulls().sort()
+    k = overlap.kernels.select("step", "segment", "start", "end", "exposed", "duration",
+                               pl.col("family").cast(pl.Enum(names)).to_physical().cast(pl.Int64))
     busy = intervals.union_length(k, ["step", "family"], "device_busy")
     # A segment's window runs from its first kernel's start to its last kernel's end. A
     # segment lies in one step and one family (labels/segments.py), so its id alone is the
@@ -38,7 +44,7 @@ def family_table(overlap: StepOverlap, n_steps: int) -> pl.DataFrame:
         pl.when(pl.col("device_busy") > 0).then(pl.col("residency") / pl.col("device_busy")).otherwise(0.0)
         .alias("share")
     )
-    return (
+    per_family = (
         full.group_by("family")
         .agg(
             pl.col("segments").median().alias("segments_per_step"),
@@ -49,5 +55,6 @@ def family_table(overlap: StepOverlap, n_steps: int) -> pl.DataFrame:
             # Like every family number: per step first, then the median over steps.
             pl.col("share").median().alias("share_of_busy"),
         )
-        .sort("device_busy_us", descending=True)
     )
+    return per_family.with_columns(names.gather(per_family["family"]).alias("family")).sort(
+        "device_busy_us", descending=True)

@@ -9,6 +9,7 @@ import polars as pl
 
 from k3trace import intervals
 from k3trace.analyses.overlap import StepOverlap
+from k3trace.keys import grouped_by_pair
 
 _SCHEMA = {"index": pl.Int64, "families": pl.List(pl.String), "kernels_per_step": pl.Float64,
            "device_busy_us": pl.Float64, "critical_us": pl.Float64}
@@ -33,7 +34,7 @@ def layer_steps(overlap: StepOverlap) -> LayerSteps:
     layers = k.select("layer").unique()
     grid = steps.join(layers, how="cross")
     busy = intervals.union_length(k, ["step", "layer"], "device_busy")
-    counts = k.group_by("step", "layer").len("kernels")
+    counts = grouped_by_pair(k, "step", "layer", pl.len().alias("kernels"))
     per_step = grid.join(busy, on=["step", "layer"], how="left").join(counts, on=["step", "layer"], how="left")
     # Stable steps share one kernel sequence: one of them gives each layer's families in order.
     one = k.filter(pl.col("step") == k["step"].min()).sort("launch_rank")
@@ -44,7 +45,8 @@ def layer_steps(overlap: StepOverlap) -> LayerSteps:
 
 def critical_per_step(path: pl.DataFrame) -> pl.DataFrame:
     """What the path side gives it: each (stable step, layer)'s time on the critical path."""
-    return path.filter(pl.col("layer").is_not_null()).group_by("step", "layer").agg(pl.col("critical_ns").sum())
+    return grouped_by_pair(path.select("step", "layer", "critical_ns").filter(pl.col("layer").is_not_null()),
+                           "step", "layer", pl.col("critical_ns").sum())
 
 
 def layer_table(steps: LayerSteps, critical: pl.DataFrame) -> pl.DataFrame:

@@ -160,7 +160,8 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
         )
     # Only the columns the metrics read: every sort, join and filter below gathers each
     # column it carries, and the labelled frame holds twice as many.
-    stable_kernels = labelled.select(STABLE_COLUMNS).join(stable_ids, on="step", how="semi")
+    # (A membership filter, not a semi join: the same rows in the same order, for 3 ms less.)
+    stable_kernels = labelled.select(STABLE_COLUMNS).filter(pl.col("step").is_in(stable_ids["step"].implode()))
     n = stable_ids.height
     # Side by side: their numpy scans and sorts leave the other core idle (cold analyze at
     # 373k kernels 1.38 -> 1.28 s, at 2.2M 8.7 -> 7.1 s, measured beside an early cache

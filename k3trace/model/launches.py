@@ -28,8 +28,7 @@ def kernels_with_launch(trace: Trace) -> pl.DataFrame:
         "global_pid", "correlation_id",
         pl.col("global_tid").alias("launch_tid"),
         pl.col("start").alias("launch_start"),
-        pl.col("name").alias("launch_call"),
-    )
+    )  # (not the call's name: nothing reads it, and its text cost a gather per kernel)
     keyed = _call_keys(kernels, calls)
     if keyed is None:
         return looked_up(kernels, calls.unique(_CALL, keep="first"), _CALL)

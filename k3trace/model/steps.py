@@ -36,6 +36,11 @@ class StepAssignment:
 
 
 def _dominant_lane(kernels: pl.DataFrame) -> tuple[tuple[int, int], int]:
+    pid, device = kernels["global_pid"], kernels["device_id"]
+    # One process on one device (the usual case): read off the columns' ends, no grouping.
+    if (kernels.height and not pid.null_count() and not device.null_count()
+            and pid.min() == pid.max() and device.min() == device.max()):
+        return (int(pid[0]), int(device[0])), 0
     lanes = kernels.group_by("global_pid", "device_id").len().sort("len", "global_pid", descending=[True, False])
     if lanes.is_empty():
         raise ReportError("the report holds no kernel records",
