@@ -53,6 +53,7 @@ OWN_KERNELS = {
     "kda_conv_fused": ("kda_step_kernel",),
     "linear_split_k": ("skinny_mm_kernel",),
     "linear_tma": ("skinny_mm_kernel",),
+    "linear_tma_x+linear_tma_tuned": ("skinny_mm_kernel",),
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).

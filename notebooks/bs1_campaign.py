@@ -131,3 +131,26 @@ runs = runs.with_columns(first=pl.col("position") == pl.col("position").min().ov
 (runs.filter(~pl.col("first"))
  .group_by("batch", "build").agg(pl.col("step_ms").median(), pl.col("ratio").median(), pl.len().alias("runs"))
  .sort("batch", "step_ms"))
+
+# %% [markdown]
+# ## Round eight: every list behind an untimed warm-up build
+# Since round seven bench_k3_step.py times one build untimed before each list, so every
+# position counts. Builds named from c20 or c24 (the list's own baseline); the ratio is
+# against the floor measured in the same list. The k3trace diff rows of the two kept changes
+# come from pairs recorded in one call (record_ab).
+
+# %%
+r8 = full["round8"]
+runs8 = pl.DataFrame([{"list": name, "batch": r["batch"], "step_ms": r["step_ms"], "floor_ms": r["floor_ms"],
+                       "build": r["base"] + ("" if r["variant_suffix"].startswith("(") else r["variant_suffix"])}
+                      for name, rows in r8["unprofiled"].items() for r in rows])
+steps8 = (runs8.with_columns(ratio=pl.col("step_ms") / pl.col("floor_ms"))
+          .group_by("list", "batch", "build", maintain_order=True)
+          .agg(pl.col("step_ms").median(), pl.col("ratio").median(), pl.len().alias("runs")))
+steps8
+
+# %%
+pl.DataFrame([{"change": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
+               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
+               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
+              for name, d in r8["diff"].items()])

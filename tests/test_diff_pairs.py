@@ -522,3 +522,27 @@ def test_hf_spin_on_a_side_stream_with_slack(analysis, ref):
     spin = rows(d, kind="replacement", edit="spin_kernel")
     assert spin.height == 1 and abs(spin["contribution_us"][0]) < 0.2 * spin_time
     assert d.span_delta_us < 0.2 * spin_time
+
+
+def test_tma_gemm_rows_read_together_with_the_score_after_them(analysis, ref):
+    # linear_tma (c20 -> c24, both 8-layer builds recorded in one call): the skinny GEMMs' weight
+    # tiles by TMA, the same kernel names. In the KDA layers the pre-MLP score launches at the
+    # o_proj's early trigger: the raw rows show the KDA skinny GEMMs' time up and the score's
+    # after them down by about as much (the truth: summed from the raw rows), and k3trace names
+    # the pair as one group whose sum is smaller than either row.
+    old, new = "k3_bs1_c20", "k3_bs1_c24"
+    r_old, r_new = ref(old), ref(new)
+    gemm = (kernel_time_us(r_new, {"skinny_mm_kernel"}, "kda") - kernel_time_us(r_old, {"skinny_mm_kernel"}, "kda"))
+    score_old, _, _ = followers(r_old, "attn_res_score_kernel", "skinny_mm_kernel", "attn_res")
+    score_new, pdl, n = followers(r_new, "attn_res_score_kernel", "skinny_mm_kernel", "attn_res")
+    assert n and pdl == n  # every score after a skinny GEMM follows it by PDL
+    score = score_new - score_old
+    assert gemm > 5 and score < -5 and abs(gemm + score) < min(abs(gemm), abs(score)) / 2, (gemm, score)
+    d = diff([analysis(old)], [analysis(new)])
+    check_replay(d)
+    groups = {frozenset((r["edit"], r["family"]) for r in g["rows"]): g for g in d.read_together()}
+    pair = groups[frozenset({("skinny_mm_kernel", "kda"), ("attn_res_score_kernel", "attn_res")})]
+    by_edit = {r["edit"]: r["contribution_us"] for r in pair["rows"]}
+    assert by_edit["skinny_mm_kernel"] > 0 > by_edit["attn_res_score_kernel"]
+    assert abs(pair["sum_us"]) < min(map(abs, by_edit.values()))
+    assert d.verdict_span == FASTER  # the step got faster, though the KDA GEMMs' own rows grew
