@@ -416,6 +416,10 @@ campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a co
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 
   timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "kernel_nodes or replay" \
     2>&1 | tee $OUT/gpu24b.log | tail -1 ;;
+campaign24_final)  # after the eighth round's last kernel change: every GPU test but CuTe DSL's (variant pairs at B = 1, 8)
+  set -o pipefail
+  timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
+    tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 | tee $OUT/gpu24_all.log | tail -4 ;;
 campaign20_big)  # C24 (linear_tma) at B = 8 and 64 against C20 (B = 64: no skinny GEMM, a control)
   timeout 300 python3 bench/bench_k3_step.py --batches 8 64 --variants $C20 $C24 $C20 $C24 \
     --json $OUT/step20_b8_64.json 2>&1 | grep "B=" ;;
