@@ -134,6 +134,11 @@ class Variant:
 
 BASELINE = Variant()
 
+#: The `<prefix>:<MB>` parts: prefix -> (the Variant field, what the error calls it, its rule).
+_MB_PARTS = {PREFETCH_PREFIX: ("prefetch_mb", "prefetch", "MB a whole number"),
+             PREFETCH_LEG_PREFIX: ("prefetch_leg_mb", "prefetch leg", "MB > 0"),
+             LINEAR_PREFETCH_PREFIX: ("linear_prefetch_mb", "linear prefetch", "MB > 0")}
+
 
 def parse(name: str) -> Variant:
     """`baseline`, any flag of the table, `prefetch:<MB>`, `prefetch_leg:<MB>`,
@@ -142,23 +147,12 @@ def parse(name: str) -> Variant:
     for part in (p.strip() for p in (name or "baseline").split("+")):
         if part in ("", "baseline"):
             continue
-        if part.startswith(PREFETCH_PREFIX + ":"):
-            mb = part[len(PREFETCH_PREFIX) + 1:]
-            if not mb.isdigit() or v.prefetch_mb:
-                raise ValueError(f"bad prefetch {part!r}: expected one prefetch:<MB>, MB a whole number")
-            v = replace(v, prefetch_mb=int(mb))
-            continue
-        if part.startswith(PREFETCH_LEG_PREFIX + ":"):
-            mb = part[len(PREFETCH_LEG_PREFIX) + 1:]
-            if not mb.isdigit() or int(mb) == 0 or v.prefetch_leg_mb:
-                raise ValueError(f"bad prefetch leg {part!r}: expected one {PREFETCH_LEG_PREFIX}:<MB>, MB > 0")
-            v = replace(v, prefetch_leg_mb=int(mb))
-            continue
-        if part.startswith(LINEAR_PREFETCH_PREFIX + ":"):
-            mb = part[len(LINEAR_PREFETCH_PREFIX) + 1:]
-            if not mb.isdigit() or int(mb) == 0 or v.linear_prefetch_mb:
-                raise ValueError(f"bad linear prefetch {part!r}: expected one {LINEAR_PREFETCH_PREFIX}:<MB>, MB > 0")
-            v = replace(v, linear_prefetch_mb=int(mb))
+        prefix, _, mb = part.partition(":")
+        if prefix in _MB_PARTS and ":" in part:
+            field, what, rule = _MB_PARTS[prefix]
+            if not mb.isdigit() or (rule == "MB > 0" and int(mb) == 0) or getattr(v, field):
+                raise ValueError(f"bad {what} {part!r}: expected one {prefix}:<MB>, {rule}")
+            v = replace(v, **{field: int(mb)})
             continue
         if part.startswith(DELAY_PREFIX + ":"):
             try:
