@@ -48,9 +48,10 @@ def attribute(old: StepGraph, new: StepGraph, match: pl.DataFrame, *, seed: int 
     script = edit_script.build(old, new, match)
     n_players = script.players.height
     # Sample orders until each contribution is known to 20 ns or 0.2% of the change.
-    ends = replay.spans(script, np.array([[False] * n_players, [True] * n_players], dtype=bool).reshape(2, n_players))
+    run = replay.replayer(script)
+    ends = run(np.array([[False] * n_players, [True] * n_players], dtype=bool).reshape(2, n_players))
     tolerance = max(TOLERANCE_NS, TOLERANCE_SHARE * abs(float(ends[1] - ends[0])))
-    result: ShapleyValues = shapley(lambda applied: replay.spans(script, applied), n_players, seed=seed,
+    result: ShapleyValues = shapley(run, n_players, seed=seed,
                                     tolerance=tolerance)
     players = script.players.with_columns(
         pl.Series("contribution_ns", result.values, dtype=pl.Float64),
