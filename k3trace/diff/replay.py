@@ -81,11 +81,16 @@ def _branches(script: EditScript) -> list[_Node]:
 def replayer(script: EditScript) -> Callable[[np.ndarray], np.ndarray]:
     """`spans` of this script, its nodes' recipes built once for every call."""
     plan = _branches(script)
+    # The blocks as lists of nodes, in one conversion (one per block, in every call, took a
+    # sixth of a replay's time).
+    flat = np.concatenate(script.union.blocks).tolist() if script.union.blocks else []
+    bounds = np.cumsum([0] + [len(b) for b in script.union.blocks]).tolist()
+    schedule = [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
     def run(applied: np.ndarray) -> np.ndarray:
         out = np.empty(applied.shape[0])
         for lo in range(0, applied.shape[0], BATCH):
-            out[lo:lo + BATCH] = _spans(script, plan, applied[lo:lo + BATCH])
+            out[lo:lo + BATCH] = _spans(script, plan, schedule, applied[lo:lo + BATCH])
         return out
 
     return run
@@ -102,7 +107,7 @@ def _start(t: np.ndarray, branch: _Branch, rows: list[np.ndarray], reach: np.nda
         np.maximum(t, np.add(rows[pred], lag, out=reach), out=t)
 
 
-def _spans(script: EditScript, plan: list[_Node], applied: np.ndarray) -> np.ndarray:
+def _spans(script: EditScript, plan: list[_Node], schedule: list[list[int]], applied: np.ndarray) -> np.ndarray:
     # Per node, its branches are scalars and a variant only picks one (a player's column):
     # no [nodes, variants] array of launches, lags or presence is built (those and their
     # np.where took two thirds of a replay). max and + are exact, so computing each branch
@@ -118,10 +123,9 @@ def _spans(script: EditScript, plan: list[_Node], applied: np.ndarray) -> np.nda
     rows = list(end)   # views, taken once: indexing a row costs as much as a ufunc over 256 variants
     t, alt, reach = np.empty(v), np.empty(v), np.empty(v)
     first, last = np.full(v, np.inf), np.full(v, -np.inf)
-    for block in g.blocks:
-        members = block.tolist()
+    for members in schedule:
         if len(members) > 1:
-            end[block] = -np.inf   # a block's nodes not yet relaxed read as no constraint
+            end[members] = -np.inf   # a block's nodes not yet relaxed read as no constraint
         for rounds in range(len(members), 0, -1):
             for u in members:
                 (branches, player, dur_player), t_end = plan[u], rows[u]
