@@ -139,15 +139,17 @@ def _map(preds: np.ndarray, to_union: np.ndarray) -> np.ndarray:
 def _sccs(preds: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
     """Strongly connected components of the graph with edges preds[u, :] -> u (iterative
     Tarjan), as blocks in topological order, and each node's block index."""
+    # Python lists, not numpy arrays: the search touches one element at a time, and a numpy
+    # scalar read or write costs several times a list's.
     n = len(preds)
     succ: list[list[int]] = [[] for _ in range(n)]
-    for u, row in enumerate(preds):
+    for u, row in enumerate(preds.tolist()):
         for p in row:
             if p >= 0:
-                succ[int(p)].append(u)
-    index = np.full(n, -1)
-    low = np.zeros(n, dtype=np.int64)
-    on_stack = np.zeros(n, dtype=bool)
+                succ[p].append(u)
+    index = [-1] * n
+    low = [0] * n
+    on_stack = [False] * n
     stack: list[int] = []
     comps: list[list[int]] = []
     counter = 0
@@ -258,30 +260,38 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
         return run_player.get(runs[u]) if runs[u] is not None else (owner_pres[u] if owner_pres[u] >= 0 else None)
 
     # Matched kernels: durations, then inputs (replacement-owned, dependency or gap).
+    # Which matched kernels changed, compared whole-array (per kernel, np.array_equal calls
+    # took more than the rest of the loop); the loop below walks them in union order, since
+    # that order numbers the players.
+    matched = np.nonzero(has_old & has_new)[0]
+    same_preds_of = (preds_o[matched] == preds_n[matched]).all(axis=1).tolist()
+    same_lags_of = (lags_o[matched] == lags_n[matched]).all(axis=1).tolist()
+    same_launch_of = (launch_o[matched] == launch_n[matched]).tolist()
+    new_dur_of = (dur_o[matched] != dur_n[matched]).tolist()
+    preds_o_l, preds_n_l = preds_o.tolist(), preds_n.tolist()
     dependency_nodes: dict[tuple[int | None, str], list[tuple[int, str]]] = {}
-    for u in np.nonzero((old_of >= 0) & (new_of >= 0))[0]:
-        u = int(u)
-        if dur_o[u] != dur_n[u]:
+    for u, same_preds, same_lags, same_launch, new_dur in zip(matched.tolist(), same_preds_of, same_lags_of,
+                                                              same_launch_of, new_dur_of):
+        if new_dur:
             owner_dur[u] = players.edit((DURATION, family[u], names[u]), kind=DURATION, detail="", family=family[u],
                                         label=names[u], layer=layer[u], kernels=1)
-        same_preds = np.array_equal(preds_o[u], preds_n[u])
-        if same_preds and np.array_equal(lags_o[u], lags_n[u]) and launch_o[u] == launch_n[u]:
+        if same_preds and same_lags and same_launch:
             continue
-        neighbours = [int(p) for p in (*preds_o[u], *preds_n[u]) if p >= 0 and kind[int(p)] != MATCHED]
+        neighbours = [p for p in (*preds_o_l[u], *preds_n_l[u]) if p >= 0 and kind[p] != MATCHED]
         owners = sorted({o for o in (run_of(p) for p in neighbours) if o is not None})
         if owners:
             owner_in[u] = owners[0]
             for other in owners[1:]:
                 players.merge(owners[0], other)
         elif not same_preds:
-            detail = "stream order" if preds_o[u, 0] != preds_n[u, 0] else "join"
+            detail = "stream order" if preds_o_l[u][0] != preds_n_l[u][0] else "join"
             if side_o[u] != side_n[u]:
                 detail = "moved to a side stream" if side_n[u] else "moved to the main stream"
             dependency_nodes.setdefault((layer[u], family[u]), []).append((u, detail))
         elif pdl_o[u] != pdl_n[u]:
             dependency_nodes.setdefault((layer[u], family[u]), []).append((u, "PDL on" if pdl_n[u] else "PDL off"))
         else:
-            detail = "launch" if np.array_equal(lags_o[u], lags_n[u]) else ""
+            detail = "launch" if same_lags else ""
             owner_in[u] = players.edit((GAP, family[u], names[u]), kind=GAP, detail=detail, family=family[u],
                                        label=names[u], layer=layer[u], kernels=1)
     # Dependency changes: one edit per segment, one player per family. Which join or stream

@@ -33,9 +33,11 @@ def _keyed(g: StepGraph) -> dict[tuple[int, str], list[tuple[int, str, object]]]
     """(layer, family) -> [(node, name, alignment token)] in launch order; the token is the
     signature, or the short name where a reader has none."""
     nodes = g.nodes.with_row_index("idx").sort("launch_rank")
-    signature = nodes["signature"] if "signature" in nodes.columns else pl.Series([None] * nodes.height)
+    # Columns as lists: iterating a Series or a frame's rows costs several times as much.
+    signature = nodes["signature"].to_list() if "signature" in nodes.columns else [None] * nodes.height
     groups: dict[tuple[int, str], list[tuple[int, str, object]]] = {}
-    for (idx, layer, family, name), sig in zip(nodes.select("idx", "layer", "family", "name").iter_rows(), signature):
+    for idx, layer, family, name, sig in zip(*(nodes[c].to_list() for c in ("idx", "layer", "family", "name")),
+                                             signature):
         groups.setdefault((-1 if layer is None else int(layer), family), []).append(
             (int(idx), name, name if sig is None else sig))
     return groups

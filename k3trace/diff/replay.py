@@ -11,89 +11,149 @@ has nodes, which is exact because within a block every variant uses one build's 
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import numpy as np
 
-from k3trace.analyses.stepgraph import SLOTS
-from k3trace.diff.edits import EditScript
+from k3trace.diff.edits import NONE, EditScript
 
-#: Variants replayed together; memory is about 10 x BATCH x nodes x 8 bytes (at ~2,200
-#: union nodes 180 MB, under the diff's peak while its analyses run). The pass's Python loop
+#: Variants replayed together; memory is about 2 x BATCH x nodes x 8 bytes (every node's end
+#: times and the switched durations: at ~2,600 union nodes 40 MB). The pass's Python loop
 #: over the nodes costs about as much for 1024 variants as for 256: the sampled Shapley
 #: estimate of two full-depth exports (944 variants) in one pass, not four.
 BATCH = 1024
 
 
-def _gather(applied: np.ndarray, owner: np.ndarray) -> np.ndarray:
-    """[U, V]: applied[v, owner[u]], False where a node has no owner."""
-    padded = np.concatenate([applied.astype(bool), np.zeros((applied.shape[0], 1), dtype=bool)], axis=1)
-    return padded[:, np.where(owner >= 0, owner, applied.shape[1])].T
+class _Branch(NamedTuple):
+    """One version of a node: start = max(launch, end[pred] + lag over inputs), end = start + dur."""
+
+    launch: float
+    inputs: tuple[tuple[int, float], ...]   # (predecessor union node, lag)
+    dur: float
+    present: bool
+
+
+class _Node(NamedTuple):
+    """A node's branches: one, or (not applied, applied) chosen per variant by `player`'s
+    column; `dur_player` (both builds' kernels only) switches dur_old to dur_new."""
+
+    branches: tuple[_Branch, ...]
+    player: int
+    dur_player: int
+
+
+def _branches(script: EditScript) -> list[_Node]:
+    """Each union node's replay recipe, the same for every batch of variants (built from
+    Python lists: per-element numpy indexing cost more than the replay's loop)."""
+    g = script.union
+    preds_old, preds_new = g.preds_old.tolist(), g.preds_new.tolist()
+    lags_old, lags_new = g.lags_old.tolist(), g.lags_new.tolist()
+    launch_old, launch_new = g.launch_old.tolist(), g.launch_new.tolist()
+    dur_old, dur_new = g.dur_old.tolist(), g.dur_new.tolist()
+    owner_in, owner_dur, owner_pres = (o.tolist() for o in (script.owner_inputs, script.owner_duration,
+                                                             script.owner_presence))
+    plan = []
+    for u, (has_old, has_new) in enumerate(zip(g.present_old.tolist(), g.present_new.tolist())):
+        old_in = tuple((p, lag) for p, lag in zip(preds_old[u], lags_old[u]) if p >= 0)
+        new_in = tuple((p, lag) for p, lag in zip(preds_new[u], lags_new[u]) if p >= 0)
+        if has_old and has_new:
+            # Present in every variant; the duration is switched by its own player (a row).
+            old = _Branch(launch_old[u], old_in, dur_old[u], True)
+            if owner_in[u] < 0:
+                plan.append(_Node((old,), NONE, owner_dur[u]))
+            else:
+                new = _Branch(launch_new[u], new_in, dur_old[u], True)
+                plan.append(_Node((old, new), owner_in[u], owner_dur[u]))
+            continue
+        # One build's kernel: its own inputs always; the edit switches its presence. Absent, it
+        # keeps its place with no launch, no lags and no duration.
+        inputs, launch, dur = (old_in, launch_old[u], dur_old[u]) if has_old else (new_in, launch_new[u], dur_new[u])
+        there = _Branch(launch, inputs, dur, True)
+        gone = _Branch(-np.inf, tuple((p, 0.0) for p, _ in inputs), 0.0, False)
+        p = owner_pres[u]
+        if p < 0:
+            plan.append(_Node((there if has_old else gone,), NONE, NONE))
+        else:  # applied: a removed kernel goes, an added one comes
+            plan.append(_Node((there, gone) if has_old else (gone, there), p, NONE))
+    return plan
+
+
+def replayer(script: EditScript) -> Callable[[np.ndarray], np.ndarray]:
+    """`spans` of this script, its nodes' recipes built once for every call."""
+    plan = _branches(script)
+    # The blocks as lists of nodes, in one conversion (one per block, in every call, took a
+    # sixth of a replay's time).
+    flat = np.concatenate(script.union.blocks).tolist() if script.union.blocks else []
+    bounds = np.cumsum([0] + [len(b) for b in script.union.blocks]).tolist()
+    schedule = [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+    def run(applied: np.ndarray) -> np.ndarray:
+        out = np.empty(applied.shape[0])
+        for lo in range(0, applied.shape[0], BATCH):
+            out[lo:lo + BATCH] = _spans(script, plan, schedule, applied[lo:lo + BATCH])
+        return out
+
+    return run
 
 
 def spans(script: EditScript, applied: np.ndarray) -> np.ndarray:
     """Replayed step span (ns) of every variant."""
-    out = np.empty(applied.shape[0])
-    for lo in range(0, applied.shape[0], BATCH):
-        out[lo:lo + BATCH] = _spans(script, applied[lo:lo + BATCH])
-    return out
+    return replayer(script)(applied)
 
 
-def _inputs(preds: np.ndarray, lag: np.ndarray, new_side: np.ndarray, use_new: np.ndarray, present: np.ndarray,
-            end: np.ndarray) -> list[list[tuple[np.ndarray, np.ndarray | float]]]:
-    """Per node, its inputs as (predecessor's end row, lag): the lag where the variant uses
-    that build's inputs (0 for an absent node), -inf where it does not (the slot is unused).
-    Most nodes take one build's inputs and are present in every variant: their lags are one
-    number, and a slot no variant uses is left out (-inf never wins the maximum). Only the
-    rest get a row of variants (as rows for every slot, they took 17 MB per 256 variants)."""
-    node, slot = np.nonzero(preds >= 0)
-    used = use_new[node] == new_side[slot][:, None]                              # [inputs, V]
-    there = present[node]
-    first = np.where(used[:, 0], np.where(there[:, 0], lag[node, slot], 0.0), -np.inf)
-    constant = (used == used[:, :1]).all(axis=1) & (there == there[:, :1]).all(axis=1)
-    varying = np.flatnonzero(~constant)
-    rows = np.where(used[varying], np.where(there[varying], lag[node[varying], slot[varying]][:, None], 0.0),
-                    -np.inf)
-    lags: list[np.ndarray | float] = first.tolist()
-    for i, row in zip(varying.tolist(), rows):
-        lags[i] = row
-    keep = ~constant | (first > -np.inf)
-    out: list[list[tuple[np.ndarray, np.ndarray | float]]] = [[] for _ in range(len(preds))]
-    for u, p, i in zip(node[keep].tolist(), preds[node, slot][keep].tolist(), np.flatnonzero(keep).tolist()):
-        out[u].append((end[p], lags[i]))
-    return out
+def _start(t: np.ndarray, branch: _Branch, rows: list[np.ndarray], reach: np.ndarray) -> None:
+    t.fill(branch[0])
+    for pred, lag in branch[1]:
+        np.maximum(t, np.add(rows[pred], lag, out=reach), out=t)
 
 
-def _spans(script: EditScript, applied: np.ndarray) -> np.ndarray:
+def _spans(script: EditScript, plan: list[_Node], schedule: list[list[int]], applied: np.ndarray) -> np.ndarray:
+    # Per node, its branches are scalars and a variant only picks one (a player's column):
+    # no [nodes, variants] array of launches, lags or presence is built (those and their
+    # np.where took two thirds of a replay). max and + are exact, so computing each branch
+    # apart and picking gives the same numbers as masking the unused inputs with -inf.
     g = script.union
     v = applied.shape[0]
-    both = (g.present_old & g.present_new)[:, None]
-    switched = _gather(applied, script.owner_presence)
-    # Present: removed kernels until their edit applies, added ones once it does.
-    present = np.where(both, True, np.where(g.present_old[:, None], ~switched, switched))
-    use_new = np.where(both, _gather(applied, script.owner_inputs), ~g.present_old[:, None])
-    dur = np.where(both & _gather(applied, script.owner_duration) | ~g.present_old[:, None],
-                   g.dur_new[:, None], g.dur_old[:, None])
-    dur = np.where(present, dur, 0.0)
-    launch = np.where(present, np.where(use_new, g.launch_new[:, None], g.launch_old[:, None]), -np.inf)
-    # Both builds' input slots side by side: [old stream, old join, new stream, new join].
-    preds = np.concatenate([g.preds_old, g.preds_new], axis=1)
-    lag = np.concatenate([g.lags_old, g.lags_new], axis=1)
-    new_side = np.array([False] * SLOTS + [True] * SLOTS)
-    start = np.full((g.size, v), -np.inf)
-    end = np.full((g.size, v), -np.inf)
-    inputs = _inputs(preds, lag, new_side, use_new, present, end)
-    reach = np.empty(v)
-    # Rows as views, taken once: indexing a row costs as much as a ufunc over 256 variants.
-    by_node = list(zip(start, end, launch, dur, inputs))
-    for block in g.blocks:
-        for _ in range(len(block)):
-            for u in block.tolist():
-                t, t_end, t_launch, t_dur, t_inputs = by_node[u]
-                np.copyto(t, t_launch)
-                for pred_end, lag_u in t_inputs:
-                    np.maximum(t, np.add(pred_end, lag_u, out=reach), out=t)
-                np.add(t, t_dur, out=t_end)
-    first = np.where(present, start, np.inf).min(axis=0)
-    last = np.where(present, end, -np.inf).max(axis=0)
+    cols = np.ascontiguousarray(applied.T, dtype=bool)                 # [P, V]
+    inverse = ~cols
+    switched = np.flatnonzero((script.owner_duration >= 0) & g.present_old & g.present_new)
+    dur_rows = dict(zip(switched.tolist(), np.where(
+        cols[script.owner_duration[switched]], g.dur_new[switched, None], g.dur_old[switched, None])))
+    end = np.empty((g.size, v))
+    rows = list(end)   # views, taken once: indexing a row costs as much as a ufunc over 256 variants
+    t, alt, reach = np.empty(v), np.empty(v), np.empty(v)
+    first, last = np.full(v, np.inf), np.full(v, -np.inf)
+    for members in schedule:
+        if len(members) > 1:
+            end[members] = -np.inf   # a block's nodes not yet relaxed read as no constraint
+        for rounds in range(len(members), 0, -1):
+            for u in members:
+                (branches, player, dur_player), t_end = plan[u], rows[u]
+                b0 = branches[0]
+                _start(t, b0, rows, reach)
+                if len(branches) == 1:
+                    np.add(t, dur_rows[u] if dur_player >= 0 else b0.dur, out=t_end)
+                    if rounds == 1 and b0.present:
+                        np.minimum(first, t, out=first)
+                        np.maximum(last, t_end, out=last)
+                    continue
+                b1, on = branches[1], cols[player]
+                _start(alt, b1, rows, reach)
+                np.copyto(t, alt, where=on)
+                if dur_player >= 0:
+                    np.add(t, dur_rows[u], out=t_end)
+                else:
+                    np.add(t, b0.dur, out=t_end)
+                    if b1.dur != b0.dur:
+                        np.add(t, b1.dur, out=t_end, where=on)
+                if rounds == 1:
+                    if b0.present and b1.present:
+                        np.minimum(first, t, out=first)
+                        np.maximum(last, t_end, out=last)
+                    else:
+                        mask = on if b1.present else inverse[player]
+                        np.minimum(first, t, out=first, where=mask)
+                        np.maximum(last, t_end, out=last, where=mask)
     result = last - first
     if not np.isfinite(result).all():
         raise ValueError("replayed span is not finite: a variant left no kernel present")

@@ -23,6 +23,7 @@ BUDGET = 12_000
 MIN_ORDERS = 16
 
 Value = Callable[[np.ndarray], np.ndarray]   # applied bool [V, P] -> value [V]
+Tolerance = Callable[[float, float], float]   # (value(none), value(all)) -> tolerance
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,11 @@ class ShapleyValues:
 
 
 def shapley(value: Value, players: int, *, exact_max: int = EXACT_MAX, budget: int = BUDGET,
-            seed: int = 0, tolerance: float = 0.0) -> ShapleyValues:
+            seed: int = 0, tolerance: float | Tolerance = 0.0) -> ShapleyValues:
     """`tolerance`: sampling stops once every value's standard error is within it (same unit
-    as the value); 0 spends the whole budget."""
+    as the value); 0 spends the whole budget. Or a function of (value(none), value(all)),
+    called once the first round has evaluated both (every order starts and ends there), so
+    the caller needs no evaluation of its own for a tolerance relative to the change."""
     if players == 0:
         v = value(np.zeros((1, 0), dtype=bool))
         return ShapleyValues(np.zeros(0), np.zeros(0), True, 0, 1, float(v[0]), float(v[0]))
@@ -61,7 +64,7 @@ def _exact(value: Value, p: int) -> ShapleyValues:
     return ShapleyValues(phi, np.zeros(p), True, 0, len(masks), float(v[0]), float(v[-1]))
 
 
-def _sampled(value: Value, p: int, *, budget: int, seed: int, tolerance: float) -> ShapleyValues:
+def _sampled(value: Value, p: int, *, budget: int, seed: int, tolerance: float | Tolerance) -> ShapleyValues:
     """Rounds of antithetic orders until every value's standard error is within `tolerance`
     (or the evaluation budget is spent)."""
     rng = np.random.default_rng(seed)
@@ -81,6 +84,8 @@ def _sampled(value: Value, p: int, *, budget: int, seed: int, tolerance: float) 
         applied = (rank[:, None, :] < np.arange(p + 1)[None, :, None]).reshape(-1, p)
         v = value(applied).reshape(len(orders), p + 1)
         none, every = float(v[0, 0]), float(v[0, -1])
+        if callable(tolerance):
+            tolerance = tolerance(none, every)
         contrib = np.take_along_axis(np.diff(v, axis=1), rank, axis=1)  # [orders, player]
         pair_means += list(contrib.reshape(-1, 2, p).mean(axis=1))
         if len(pair_means) >= 2 and _stderr(pair_means).max() <= tolerance:

@@ -46,17 +46,17 @@ def _fill_in_turn(out: pl.DataFrame, sources: list[tuple[pl.DataFrame, list[str]
         lent.append((i, out.select(on).join(found, on=on, how="left")))
     if not lent:
         return out
-    layer, family, label_source = (pl.when(pl.col("family").is_not_null()).then(pl.col(c))
-                                   for c in ("layer", "family", "label_source"))
+    layer, label_source = (pl.when(pl.col("family").is_not_null()).then(pl.col(c)) for c in ("layer", "label_source"))
     for i, _ in lent:
         taken = pl.col(f"_family{i}").is_not_null()
         layer = layer.when(taken).then(pl.col(f"_layer{i}"))
-        family = family.when(taken).then(pl.col(f"_family{i}"))
         label_source = label_source.when(taken).then(pl.lit(sources[i][2]))
     columns = [frame[c] for i, frame in lent for c in (f"_layer{i}", f"_family{i}")]
+    # The family is the first non-null one (own, then the sources in turn): a coalesce, the
+    # same values as a when/then chain over strings, at 421k kernels 7 ms less of 40.
     return out.with_columns(columns).with_columns(
         layer.otherwise(pl.col("layer")).alias("layer"),
-        family.otherwise(pl.col("family")).alias("family"),
+        pl.coalesce("family", *(f"_family{i}" for i, _ in lent)).alias("family"),
         label_source.otherwise(pl.col("label_source")).alias("label_source"),
     ).drop(c.name for c in columns)
 
