@@ -64,7 +64,8 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 @triton.jit
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
                      sumsq, n_sumsq, ws, tickets, k_per, bank, n_rows, stride_br, query, scores, w_desc,
-                     pf_rows, PF_ROWS: tl.constexpr, PF_LINES: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     pf_rows, PF_ROWS: tl.constexpr, PF_LINES: tl.constexpr, TMA: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
                      SPLIT_K: tl.constexpr, GRAM: tl.constexpr, FOLD: tl.constexpr, R: tl.constexpr,
                      W: tl.constexpr, T: tl.constexpr, DOT_F32: tl.constexpr,
@@ -349,11 +350,11 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
         assert scores.shape == gemm_scores_shape(N, bn, bank.shape[0]) and scores.is_contiguous()
         assert fold or out.data_ptr() == bank[n_rows - 1].data_ptr()
     R = next_pow2(bank.shape[0]) if gram is not None else 1
-    grid = (triton.cdiv(N, bn), S)
-    launch(skinny_mm_kernel, grid, x, w, out, B, K, N, x.stride(0), w.stride(0),
+    launch(skinny_mm_kernel, (triton.cdiv(N, bn), S), x, w, out, B, K, N, x.stride(0), w.stride(0),
            out.stride(0), x, x, eps, sumsq, n_sq, ws, tickets, k_per, bank, n_rows,
            bank.stride(0) if gram is not None else 0, query, scores,
-           weight_descriptor(w, bk, bn) if tma else w, **own_rows_prefetch(w, prefetch_bytes, bn, k_per), TMA=tma, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+           weight_descriptor(w, bk, bn) if tma else w, **own_rows_prefetch(w, prefetch_bytes, bn, k_per), TMA=tma,
+           BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
            EVEN_K=K % bk == 0, MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, SPLIT_K=S,
            GRAM=gram is not None, FOLD=bool(fold), R=R, W=next_pow2(R + 1), T=max(16, next_pow2(R + 1)),
            DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
