@@ -99,7 +99,12 @@ def _candidates(cols: pl.DataFrame, cfg: Config) -> _Candidates:
     # The scans run in (step, start, end) order, on arrays: the frame itself is never
     # sorted, and the results go back to its rows by position (peak memory).
     by_start = sort_positions(cols, "step", "start", "end")
-    k = cols.select("kernel_id", "step", "stream_id", "start", "end", "launch_start")[by_start]
+    k = cols.select("kernel_id", "step", "stream_id", "start", "end", "launch_start")
+    # The stable kernels come in that order already (sorted by start, steps cut in time
+    # order): then neither the gather into it nor the gathers back to the rows are needed.
+    in_order = bool(np.array_equal(by_start, np.arange(len(by_start))))
+    if not in_order:
+        k = k[by_start]
     kid = k["kernel_id"].to_numpy()
     step, stream = k["step"].to_numpy(), k["stream_id"].to_numpy()
     start, end = k["start"].to_numpy(), k["end"].to_numpy()
@@ -127,6 +132,10 @@ def _candidates(cols: pl.DataFrame, cfg: Config) -> _Candidates:
     has_ov &= lookup.end[ov_at] > start[waited]
     join_at[waited[has_ov]] = ov_at[has_ov]
     has_join[waited[has_ov]] = True
+    if in_order:
+        return _Candidates(stream_pred=kid[prev], stream_release=end[prev], has_stream=has_stream,
+                           join_pred=lookup.kernel_id[join_at], join_release=lookup.end[join_at],
+                           has_join=has_join, launch_release=launch_at, has_launch=has_launch)
     row = np.empty(len(kid), dtype=np.int64)
     row[by_start] = np.arange(len(kid))
     return _Candidates(stream_pred=kid[prev][row], stream_release=end[prev][row], has_stream=has_stream[row],
