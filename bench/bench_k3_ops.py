@@ -455,6 +455,11 @@ def moe_tail(B: int, calls: int) -> dict[str, float]:
                            skinny_mm(lat_n, ups[i % len(ups)], out)), calls),
             "moe_tail_fused": per_call_us(lambda i: skinny_mm_mixnorm(y, wts, gamma, ups[i % len(ups)], out),
                                           calls),
+            # variant moe_tail_mma: the expert rows as the MMA's rows, the norm's sum of squares
+            # by reduction (1) or Gram matrix (2)
+            **{f"moe_tail_mma {m}": per_call_us(lambda i, m=m: skinny_mm_mixnorm(y, wts, gamma, ups[i % len(ups)],
+                                                                                 out, mma=m), calls)
+               for m in (1, 2)},
             "latent_norm_folded": per_call_us(lambda i: (moe_weighted_sum(y, wts, lat, sumsq=sumsq),
                                                          skinny_mm(lat, ups[i % len(ups)], out,
                                                                    rms_of=(sumsq, 1e-6))), calls),

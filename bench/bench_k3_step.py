@@ -115,6 +115,37 @@ def down_mix_config(spec: str):
         moe.DOWN_MIX_CONFIG = saved
 
 
+@contextmanager
+def front_split(spec: str):
+    """`BN,BK,WARPS,STAGES/SPLIT` (empty: the committed table): under linear_split_k, the MoE
+    front's rest (K, N) = (7168, 5120) at that config and split, to sweep it in the step."""
+    from kernels.k3.ops import gemv
+
+    saved = dict(gemv.SKINNY_SPLITS)
+    if spec:
+        cfg, split = spec.split("/")
+        gemv.SKINNY_SPLITS[(7168, 5120)] = (tuple(int(v) for v in cfg.split(",")), int(split))
+    try:
+        yield
+    finally:
+        gemv.SKINNY_SPLITS.clear()
+        gemv.SKINNY_SPLITS.update(saved)
+
+
+@contextmanager
+def tail_mma(spec: str):
+    """`1` or `2` (empty: the default): moe_tail_mma's sum-of-squares method (gemv.TAIL_MMA)."""
+    from kernels.k3.ops import gemv
+
+    saved = gemv.TAIL_MMA
+    if spec:
+        gemv.TAIL_MMA = int(spec)
+    try:
+        yield
+    finally:
+        gemv.TAIL_MMA = saved
+
+
 def time_step(model, replays: int) -> float:
     from kernels.record_loop import capture, time_replays
 
@@ -135,7 +166,9 @@ def main() -> int:
     p.add_argument("--variants", nargs="+", default=["baseline"],
                    help="builds to time side by side in this run (the floor uses each build's routing); "
                         "BUILD@front=BN,BK,WARPS,STAGES/SR,SF times router_in_front at that config and split; "
-                        "BUILD@downmix=BN,BK,WARPS,STAGES moe_down_mixed at that config")
+                        "BUILD@downmix=BN,BK,WARPS,STAGES moe_down_mixed at that config; "
+                        "BUILD@split=BN,BK,WARPS,STAGES/SPLIT the MoE front's rest at that split (linear_split_k); "
+                        "BUILD@tailmma=1|2 moe_tail_mma's sum of squares by reduction or Gram matrix")
     p.add_argument("--skinny-table", default="",
                    help="bench_k3_ops.py --latency sweep JSON: builds suffixed @skinny take its best unsplit "
                         "skinny-GEMM configs (one call at a time), to time them in the step beside the committed table")
@@ -162,12 +195,14 @@ def main() -> int:
     for batch in args.batches:
         for i, variant in enumerate([args.variants[0]] * args.warmup + args.variants):
             warmup = i < args.warmup
-            build, _, down_mix = variant.partition("@downmix=")
+            build, _, tail = variant.partition("@tailmma=")
+            build, _, split = build.partition("@split=")
+            build, _, down_mix = build.partition("@downmix=")
             build, _, front = build.partition("@front=")
             build, skinny, _ = build.partition("@skinny")
             model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build, delay_kernel="",
                                                 delay_ns=0, no_fork=False))
-            with front_router_config(front), down_mix_config(down_mix), \
+            with front_router_config(front), down_mix_config(down_mix), front_split(split), tail_mma(tail), \
                     skinny_configs(args.skinny_table if skinny else ""):  # read at capture
                 step_ms = time_step(model, args.replays)
             if warmup:

@@ -63,6 +63,7 @@ from kernels.k3.ops.moe import (
 )
 from kernels.k3.ops.gemv import (SKINNY_CONFIGS, SKINNY_DEFAULT, TMA_CONFIGS, alloc_split_k, gemv, skinny_mm,
                                  skinny_mm_mixnorm)
+from kernels.k3.ops import gemv as gemv_ops  # its module constants, read at capture
 from kernels.k3.ops.norm import rmsnorm
 from kernels.k3.ops.prefetch import l2_prefetch_weight
 from kernels.k3.variants import BASELINE, Variant
@@ -752,7 +753,7 @@ class K3Decode:
             self._prefetch_leg(w.up_g if P.latent_norm_folds(cfg, v) else w.up)  # during the sum and norm
             if P.moe_tail_fuses(cfg, v):
                 self._triton(P.UP, skinny_mm_mixnorm, s.expert_y, weights, w.latent_norm, w.up,
-                             s.routed_out, cfg.norm_eps)
+                             s.routed_out, cfg.norm_eps, mma=gemv_ops.TAIL_MMA if v.moe_tail_mma else 0)
             elif P.sum_norm_fuses(cfg, v):
                 self._triton(P.WEIGHTED_SUM, moe_weighted_sum_norm, s.expert_y, weights, w.latent_norm,
                              s.routed_lat_n, cfg.norm_eps)

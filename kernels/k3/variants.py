@@ -53,6 +53,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "pdl_trigger_first": ("pdl_trigger_first", True),      # latency-bound kernels trigger before their wait
     "linear_tma_x": ("linear_tma_x", True),                # linear_tma on the GEMMs that read x only
     "linear_tma_tuned": ("linear_tma_tuned", True),        # linear_tma's front at the TMA sweep's best config
+    "moe_tail_mma": ("moe_tail_mma", True),                # moe_tail_fused with the expert rows as MMA rows
 }
 
 DELAY_PREFIX = "delay"
@@ -104,6 +105,8 @@ class Variant:
     linear_tma_x: bool = False       # with linear_tma: TMA only where K is the hidden size (MoE front, KDA
                                      # qkvg); the o_proj and MoE up GEMMs keep pointer loads
     linear_tma_tuned: bool = False   # with linear_tma: the MoE front's rest at TMA_CONFIGS' block (64, 256, 4 warps)
+    moe_tail_mma: bool = False       # with moe_tail_fused: the 16 expert rows (times gamma) are the up GEMM's
+                                     # MMA rows, the weighted sum taken once on the accumulator
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

@@ -133,6 +133,13 @@ C43=$C24+linear_tma_tuned
 C44=$C24+linear_tma_x+linear_tma_tuned
 # C44 ran 0.04 ms faster than C24 unprofiled and -53 us (band 6) in k3trace diff of the pair
 # recorded in one call; B = 8 and 64 even (campaign24_big): the campaign build is C44.
+# Ninth round, on C44. The MoE tail: the up GEMM takes the 16 expert rows as its MMA's rows and
+# sums them once on the accumulator (moe_tail_mma; the old moe_tail_fused mixed them into the
+# operand every K block and ran 44 us against 18.7). The weighted sum's and the norm's launches go.
+C45=$C44+moe_tail_fused+moe_tail_mma
+# The MoE front's rest split over K at other program counts, swept in the step (BUILD@split=):
+# the front ran at 2.8 TB/s on 80 SMs beside the router leg; 240 programs starved that leg (c18).
+C46=$C24+linear_tma_x+linear_split_k
 
 case $phase in
 campaign_test)
@@ -411,6 +418,15 @@ campaign24)  # linear_tma_x, linear_tma_tuned: the GPU tests, C24 / C42 / C43 / 
     2>&1 | tee $OUT/gpu24.log | tail -1
   timeout 250 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C24 $C42 $C43 $C44 \
     $C24 $C42 $C43 $C44 $C24 $C42 $C43 $C44 --json $OUT/step24.json 2>&1 | grep "B=" ;;
+campaign25)  # moe_tail_mma and the front's split sweep in the step at B = 1 (2 rounds); the tail case; the GPU tests
+  S="$C46@split=128,128,8,4/3 $C46@split=128,256,8,3/3 $C46@split=256,128,8,3/5 $C46@split=256,64,8,4/6"
+  S="$S $C46@split=64,256,4,4/2 $C46@split=64,128,4,4/3 $C46@split=128,128,4,4/3"
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C44 $C45 $C45@tailmma=2 $S \
+    $C44 $C45 $C45@tailmma=2 $S --json $OUT/step25.json 2>&1 | grep "B="
+  timeout 80 python3 bench/bench_k3_ops.py --batch 1 --cases moe_tail_fused --json $OUT/ops25_b1.json 2>&1 \
+    | tee $OUT/ops25_b1.log | tail -6
+  timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_k3_model.py \
+    -k "mixnorm or moe_tail or (matches_reference and not 64)" 2>&1 | tee $OUT/gpu25.log | tail -1 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 

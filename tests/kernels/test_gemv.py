@@ -93,10 +93,11 @@ def test_skinny_mm_k3_shapes(B):
         run_skinny(B, K, N, "cuda", cols)
 
 
-def run_mixnorm(E, K, N, device, config=None):
-    """Variant moe_tail_fused: weighted sum -> latent RMSNorm -> up GEMM in one launch, vs
-    the three steps in float64 (the expert rows a strided view, as the down GEMM leaves
-    them in its [16 * B, K] output)."""
+def run_mixnorm(E, K, N, device, config=None, mma=0):
+    """Variant moe_tail_fused (mma 0) and moe_tail_mma (1, 2: the rows as the MMA's M
+    side): weighted sum -> latent RMSNorm -> up GEMM in one launch, vs the three steps in
+    float64 (the expert rows a strided view, as the down GEMM leaves them in its [16 * B,
+    K] output)."""
     from kernels.k3 import reference as R
     from kernels.k3.ops.gemv import skinny_mm_mixnorm
 
@@ -106,24 +107,36 @@ def run_mixnorm(E, K, N, device, config=None):
     gamma = (1.0 + 0.1 * torch.randn(K, generator=g)).to(device, torch.bfloat16)
     w = (torch.randn(K, N, generator=g) * K ** -0.5).to(device, torch.bfloat16)
     out = torch.empty(1, N, device=device, dtype=torch.bfloat16)
-    skinny_mm_mixnorm(y, topk_w, gamma, w, out, 1e-6, config=config)
+    skinny_mm_mixnorm(y, topk_w, gamma, w, out, 1e-6, config=config, mma=mma)
     lat = (topk_w.double()[0, :, None] * y.double()).sum(0, keepdim=True)
     want = R.ref_rmsnorm(lat, gamma).double() @ w.double()
     torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("E,K,N,config", [(16, 512, 96, (64, 128, 4, 2)), (4, 300, 40, (32, 128, 4, 2))])
-def test_skinny_mm_mixnorm_cpu(E, K, N, config):
+@pytest.mark.parametrize("E,K,N,config,mma", [(16, 512, 96, (64, 128, 4, 2), 0), (4, 300, 40, (32, 128, 4, 2), 0),
+                                               (16, 512, 96, (64, 128, 4, 2), 1), (16, 300, 40, (32, 128, 4, 2), 2),
+                                               (4, 300, 40, (32, 128, 4, 2), 1), (8, 512, 96, (64, 128, 4, 2), 2)])
+def test_skinny_mm_mixnorm_cpu(E, K, N, config, mma):
     if torch.cuda.is_available():
         pytest.skip("CPU interpreter test")
-    run_mixnorm(E, K, N, "cpu", config)
+    run_mixnorm(E, K, N, "cpu", config, mma)
+
+
+def test_skinny_mm_mixnorm_mma_takes_at_most_sixteen_rows():
+    from kernels.k3.ops.gemv import skinny_mm_mixnorm
+
+    y, w = torch.zeros(32, 64, dtype=torch.bfloat16), torch.zeros(64, 32, dtype=torch.bfloat16)
+    with pytest.raises(AssertionError):
+        skinny_mm_mixnorm(y, torch.zeros(1, 32), torch.ones(64, dtype=torch.bfloat16), w,
+                          torch.empty(1, 32, dtype=torch.bfloat16), mma=1)
 
 
 @pytest.mark.gpu
-def test_skinny_mm_mixnorm_k3_shape():
+@pytest.mark.parametrize("mma", [0, 1, 2])
+def test_skinny_mm_mixnorm_k3_shape(mma):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    run_mixnorm(16, 3584, 7168, "cuda")
+    run_mixnorm(16, 3584, 7168, "cuda", mma=mma)
 
 
 def run_rms_folded(B, K, N, device, config=None):

@@ -55,14 +55,15 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
-        "triton_linear+moe_tail_fused", "triton_linear+latent_norm_folded", "mla_proj_merged",
+        "triton_linear+moe_tail_fused", "triton_linear+moe_tail_fused+moe_tail_mma",
+        "triton_linear+latent_norm_folded", "mla_proj_merged",
         "triton_linear+linear_split_k+mla_proj_merged", "triton_linear+triton_o_proj",
         "triton_linear+triton_mla_proj"]
 CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused", "mlp_residual_folded",
                      "pdl_early_trigger", "attn_res_early_rows", "moe_tail_fused", "kda_conv_fused",
                      "moe_sum_norm_fused", "router_in_front", "attn_res_in_o_proj", "linear_tma",
                      "side_priority", "moe_down_mixed", "attn_res_one_pass", "linear_prefetch:16",
-                     "pdl_trigger_first", "linear_tma_tuned"])
+                     "pdl_trigger_first", "linear_tma_tuned", "moe_tail_mma"])
 
 #: moe_down_mixed where CAMPAIGN cannot show it (its moe_tail_fused takes the tail at B = 1).
 DOWN_MIXED = "triton_linear+triton_o_proj+situ_fused+moe_down_mixed"
@@ -268,6 +269,7 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
 
 @cpu
 @pytest.mark.parametrize("name, batch", [(n, 2) for n in (*NEAR, CAMPAIGN)] + [(CAMPAIGN, 1), ("triton_linear+moe_tail_fused", 1),
+                                                                           ("triton_linear+moe_tail_fused+moe_tail_mma", 1),
                                                                            ("router_fork+router_align_fused+triton_linear+router_in_front", 1),
                                                                            ("triton_linear+triton_o_proj+attn_res_dot+attn_res_in_o_proj", 1),
                                                                            ("triton_linear+latent_norm_folded", 1),

@@ -903,8 +903,9 @@ for B in (1, 8, 64):
             gemv.skinny_mm(e(B, K), e(K, N), e(B, N), config=cfg, split_k=gemv.alloc_split_k(N, "meta"), splits=3)
         for (K, N) in gemv.MLA_SPLITS:  # variant triton_mla_proj: its own splits
             gemv.skinny_mm(e(B, K), e(K, N), e(B, N), split_k=gemv.alloc_split_k(N, "meta"))
-    if B == 1:  # variant moe_tail_fused
-        gemv.skinny_mm_mixnorm(e(16, 3584), e(1, 16, dt=F32), e(3584), e(3584, H), e(1, H))
+    if B == 1:  # variant moe_tail_fused, and moe_tail_mma's two sums of squares
+        for mma in (0, 1, 2):
+            gemv.skinny_mm_mixnorm(e(16, 3584), e(1, 16, dt=F32), e(3584), e(3584, H), e(1, H), mma=mma)
     if B == 1:  # variant attn_res_in_o_proj: the o_proj's Gram epilogue, the combine over its partials
         gsc = e(*attn_res.gemm_scores_shape(H, 64, 8), dt=F32)
         gemv.skinny_mm(e(1, 1536), e(1536, H), e(1, H), gram=(bank, 5, e(H), gsc, True))

@@ -69,7 +69,7 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
                      EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
                      SPLIT_K: tl.constexpr, GRAM: tl.constexpr, FOLD: tl.constexpr, R: tl.constexpr,
                      W: tl.constexpr, T: tl.constexpr, DOT_F32: tl.constexpr,
-                     USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+                     USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr, MIX_MMA: tl.constexpr):
     # out[B, N] = x[B, K] @ w[K, N], w row-major (N contiguous, as torch.mm takes it). One
     # program per BLOCK_N columns streams its whole K; the few tokens pad the MMA's M side.
     # MIX_K > 0 (variant moe_tail_fused, one token): x is the MIX_K expert rows of the down
@@ -87,7 +87,12 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     w_cols = w + ns[None, :]
     x_rows = x + ms.to(tl.int64)[:, None] * stride_x
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if MIX_K > 0:
+    if MIX_K > 0 and MIX_MMA > 0:  # the expert rows fill the MMA's BLOCK_M rows (the rest zero)
+        x_rows = x + ms.to(tl.int64)[:, None] * stride_x
+        em = ms < MIX_K
+        mw = tl.load(mix_w + ms, mask=em, other=0.0)  # written several kernels ago: before the wait
+        sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    elif MIX_K > 0:
         es = tl.arange(0, MIX_K)
         x_rows = x + es.to(tl.int64)[:, None] * stride_x
         # The router wrote the weights several kernels ago: read them before the wait.
@@ -113,7 +118,28 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     if SPLIT_K > 1:
         k_first = tl.program_id(1) * k_per
         k_end = tl.minimum(k_first + k_per, K)
-    if MIX_K > 0:
+    if MIX_K > 0 and MIX_MMA > 0:
+        # Variant moe_tail_mma: the expert rows are the MMA's M rows (the token's other 15
+        # were padding anyway), so acc[e] = (y_e * gamma) @ w with no per-block mixing in the
+        # operand's path; the weighted sum happens once, on the accumulator, in the epilogue.
+        # The norm's sum of squares, sum_c (sum_e mw_e y_e[c])^2, is side work whose result
+        # only the epilogue reads: MIX_MMA 1 reduces each block's mix over the rows, 2 keeps
+        # the rows' Gram matrix (an MMA of the block with itself), mw^T G mw at the end.
+        gram = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
+        for k0 in range(k_first, k_end, BLOCK_K):
+            ks = k0 + kr
+            km = ks < K
+            wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=km[:, None] & nm[None, :], other=0.0)
+            ys = tl.load(x_rows + ks[None, :], mask=em[:, None] & km[None, :], other=0.0)
+            g = tl.load(gamma + ks, mask=km, other=0.0)
+            if MIX_MMA == 1:
+                mix = tl.sum(ys.to(tl.float32) * mw[:, None], 0)
+                sumsq += mix * mix
+            else:
+                gram = dot(ys, tl.trans(ys), gram, DOT_F32)
+            acc = dot(to_dtype(ys.to(tl.float32) * g.to(tl.float32)[None, :], wt.dtype), wt, acc, DOT_F32)
+        acc = tl.sum(acc * mw[:, None], 0)[None, :] + tl.zeros_like(acc)  # every row the token's
+    elif MIX_K > 0:
         for k0 in range(k_first, k_end, BLOCK_K):
             ks = k0 + kr
             if EVEN_K:
@@ -136,7 +162,11 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
         acc = skinny_k_rows(acc, x_rows, w_cols, mm, nm, K, k_first, k_end, stride_w, BLOCK_K, EVEN_K, DOT_F32,
                             w_desc, tl.program_id(0) * BLOCK_N, TMA)
     if MIX_K > 0:
-        acc = acc * tl.rsqrt(tl.sum(sumsq, 0) / K + eps)
+        if MIX_MMA == 2:
+            ssq = tl.sum(tl.sum(gram * mw[:, None] * mw[None, :], 1), 0)
+        else:
+            ssq = tl.sum(sumsq, 0)
+        acc = acc * tl.rsqrt(ssq / K + eps)
     if NSQ > 0:
         # Variant latent_norm_folded: the weights carry gamma, x is the unnormalised latent;
         # each token's 1/rms (from the producer's per-chunk sums of squares) scales its row.
@@ -237,6 +267,10 @@ SKINNY_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (7168, 3648): (32, 256, 4, 4),   # MLA q_a | kv_a | g_proj (mla_proj_merged) 17.9 us vs 18.2
 }
 SKINNY_DEFAULT = (64, 256, 8, 4)
+#: Variant moe_tail_mma: how skinny_mm_mixnorm forms the norm's sum of squares (1: each K
+#: block's mix reduced over the rows, 2: the rows' Gram matrix by MMA); bench_k3_step.py's
+#: `BUILD@tailmma=2` times the other one.
+TAIL_MMA = 1
 #: Variant linear_tma_tuned: with TMA, the configs bench_k3_ops.py --cases linear_tma found
 #: faster one call at a time on the H200 (round 7: the front's rest 25.07 -> 24.56 us).
 TMA_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
@@ -357,28 +391,35 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
            BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
            EVEN_K=K % bk == 0, MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, SPLIT_K=S,
            GRAM=gram is not None, FOLD=bool(fold), R=R, W=next_pow2(R + 1), T=max(16, next_pow2(R + 1)),
-           DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           DOT_F32=DOT_F32, MIX_MMA=0, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
 
 
 def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor,
                       out: torch.Tensor, eps: float = 1e-6, *,
-                      config: tuple[int, int, int, int] | None = None, delay_ns: int = 0) -> torch.Tensor:
+                      config: tuple[int, int, int, int] | None = None, mma: int = 0,
+                      delay_ns: int = 0) -> torch.Tensor:
     """Variant moe_tail_fused, one token: out = RMSNorm(sum_k topk_w[0, k] y[k]) * gamma @ w,
     i.e. moe_weighted_sum -> rmsnorm -> skinny_mm in one launch. y [top_k, K] (the down
     GEMM's rows), topk_w [1, top_k] fp32, gamma [K], w [K, N], out [1, N]. The sums run in
     another order than the three kernels' (fp32), and the operand is rounded once, after
-    gamma, before 1/rms is applied to the accumulator: near, not bit for bit."""
+    gamma, before 1/rms is applied to the accumulator: near, not bit for bit.
+
+    `mma` (variant moe_tail_mma; top_k <= 16): the expert rows, each times gamma, are the
+    MMA's rows and the weighted sum is taken once, on the accumulator; the norm's sum of
+    squares from each block's mix (1) or from the rows' Gram matrix (2). Near as well: the
+    rows are rounded after gamma, the sum is of fp32 products."""
     E, K = y.shape
     N = w.shape[1]
     assert topk_w.shape == (1, E) and topk_w.dtype == torch.float32 and topk_w.is_contiguous()
     assert E == next_pow2(E) and gamma.shape == (K,) and gamma.is_contiguous()
     assert w.shape[0] == K and out.shape == (1, N) and y.stride(1) == 1 and w.stride(1) == 1
+    assert mma in (0, 1, 2) and (not mma or E <= 16)  # the rows are the MMA's 16
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
            out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, w, 0, PF_ROWS=0, PF_LINES=1,
            TMA=False, BLOCK_M=16,
            BLOCK_N=bn,
            BLOCK_K=bk, EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, SPLIT_K=1, GRAM=False, FOLD=False, R=1,
-           W=2, T=16, DOT_F32=DOT_F32, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           W=2, T=16, DOT_F32=DOT_F32, MIX_MMA=mma, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
