@@ -564,6 +564,69 @@ def prefetch_chains(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+#: Variant linear_gluon: configs (block_n, block_k, warps, stages, early) tried at each shape.
+GLUON_SWEEP = [(64, 128, 8, 8, 0), (64, 128, 8, 8, 4), (64, 128, 8, 8, 8), (64, 128, 4, 8, 4), (64, 256, 8, 4, 2),
+               (64, 256, 8, 4, 4), (128, 128, 8, 6, 3), (64, 64, 4, 16, 8)]
+
+
+def linear_gluon(B: int, calls: int) -> dict[str, float]:
+    """Variant linear_gluon at one token: each skinny GEMM of the c44 step as it runs there
+    (the Triton kernel, TMA where K is the hidden size) against the Gluon kernel over
+    GLUON_SWEEP, back to back and one call at a time; then the chain the front sits in
+    (pre-MLP aggregation -> front's rest, early triggers, back to back as in the step),
+    where the Gluon kernel's weight copies before its wait can overlap the aggregation."""
+    from kernels.k3.ops import attn_res as A
+    from kernels.k3.ops.common import early_trigger
+    from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, TMA_CONFIGS, skinny_mm
+    from kernels.k3.ops.gemv_gluon import skinny_gl
+
+    if B != 1:
+        return {}
+    g = torch.Generator(device="cuda").manual_seed(12)
+    res = {}
+    with early_trigger():
+        for name, (K, N, wide, _) in TMA_SHAPES.items():
+            n = _copies(K * wide * 2)
+            ws = [(torch.randn(K, wide, device="cuda", dtype=BF, generator=g) * K ** -0.5)[:, wide - N:]
+                  for _ in range(n)]
+            x = torch.randn(1, K, device="cuda", dtype=BF, generator=g)
+            out = torch.empty(1, N, device="cuda", dtype=BF)
+            tma = K == 7168
+            cfg = TMA_CONFIGS.get((K, N)) if tma else None
+            tag = f"{name} triton {cfg or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)}{' tma' if tma else ''}"
+            res[tag + " back to back"] = per_call_us(lambda i: skinny_mm(x, ws[i % n], out, tma=tma, config=cfg), calls)
+            res[tag + " one call"] = single_call_us(lambda i: skinny_mm(x, ws[i % n], out, tma=tma, config=cfg), n)
+            for c in GLUON_SWEEP:
+                try:  # a config the GPU cannot hold must not end the case
+                    res[f"{name} gluon {c} back to back"] = per_call_us(lambda i, c=c: skinny_gl(x, ws[i % n], out, config=c),
+                                                                        calls)
+                    res[f"{name} gluon {c} one call"] = single_call_us(lambda i, c=c: skinny_gl(x, ws[i % n], out, config=c), n)
+                except Exception as exc:  # noqa: BLE001 - reported, then the sweep goes on
+                    torch.cuda.synchronize()
+                    print(f"linear_gluon {name} {c}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            del ws
+            torch.cuda.empty_cache()
+        bank, query, gamma, scores, x = _attn_res_inputs(1)
+        attn_out = torch.randn(1, 7168, device="cuda", dtype=BF, generator=g)
+        fronts = [(torch.randn(7168, 6016, device="cuda", dtype=BF, generator=g) * 7168 ** -0.5)[:, 896:]
+                  for _ in range(_copies(7168 * 6016 * 2))]
+        front_out = torch.empty(1, 5120, device="cuda", dtype=BF)
+
+        def pre_mlp(i, c):
+            A.attn_res_score(bank, 8, query, scores, addend=attn_out, gram_dot=True)
+            A.attn_res_combine(bank, 8, scores, gamma, x, one_shot=True)
+            if c is None:
+                skinny_mm(x, fronts[i % len(fronts)], front_out, tma=True, config=TMA_CONFIGS.get((7168, 5120)))
+            else:
+                skinny_gl(x, fronts[i % len(fronts)], front_out, config=c)
+
+        for c in (None, (64, 128, 8, 8, 0), (64, 128, 8, 8, 4), (64, 128, 8, 8, 8), (64, 256, 8, 4, 4)):
+            tag = f"combine -> front {'triton' if c is None else f'gluon {c}'}"
+            res[tag] = per_call_us(lambda i, c=c: pre_mlp(i, c), calls)
+            res[tag + " one call"] = single_call_us(lambda i, c=c: pre_mlp(i, c), len(fronts))
+    return res
+
+
 #: moe_down_mix configs swept one call at a time: (BLOCK_N, BLOCK_K, warps, stages).
 DOWN_MIX_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (64, 128) for w in (4, 8) for st in (3, 4, 6)]
 
@@ -801,7 +864,8 @@ def main() -> int:
             "router_in_front": lambda: front_router(B, args.calls),
             "attn_res_in_o_proj": lambda: o_proj_score(B, args.calls),
             "linear_tma": lambda: linear_tma(B, args.calls), "moe_down_mixed": lambda: moe_down(B, args.calls),
-            "linear_prefetch": lambda: prefetch_chains(B, args.calls)}
+            "linear_prefetch": lambda: prefetch_chains(B, args.calls),
+            "linear_gluon": lambda: linear_gluon(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

@@ -427,6 +427,11 @@ campaign25)  # moe_tail_mma and the front's split sweep in the step at B = 1 (2 
     | tee $OUT/ops25_b1.log | tail -6
   timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_k3_model.py \
     -k "mixnorm or moe_tail or (matches_reference and not 64)" 2>&1 | tee $OUT/gpu25.log | tail -1 ;;
+campaign26)  # linear_gluon: its GPU tests, the standalone case (each shape, the combine -> front chain)
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_gluon.py 2>&1 \
+    | tee $OUT/gpu26.log | tail -3
+  timeout 300 python3 bench/bench_k3_ops.py --batch 1 --cases linear_gluon --json $OUT/ops26_b1.json 2>&1 \
+    | tee $OUT/ops26_b1.log | tail -90 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 

@@ -149,6 +149,11 @@ def prefetch_args(weight, nbytes: int, programs: int, dummy) -> dict:
 _trigger = PDL_LATE
 
 
+def current_trigger() -> int:
+    """The USE_PDL value launches take now (PDL_LATE, or as early_trigger / trigger_first set)."""
+    return _trigger
+
+
 @contextmanager
 def early_trigger(enabled: bool = True):
     """Kernels launched inside trigger their dependents right after their wait (variant

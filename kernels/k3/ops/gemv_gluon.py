@@ -1,0 +1,130 @@
+"""Variant linear_gluon (B = 1): the skinny GEMM as a Gluon kernel that owns its pipeline.
+
+out[0, N] = x[0, K] @ w[K, N], w row-major (torch.mm's layout; a column slice is fine). One
+program per BLOCK_N columns streams its whole K through a ring of STAGES shared-memory
+slots, each filled by one TMA copy and tracked by its own mbarrier.
+
+What the Triton kernel (`gemv.skinny_mm_kernel`) cannot do: issue its weight copies before
+its PDL wait. Triton's software pipeliner puts its prologue after every statement before the
+loop, so the copies start only once the producer has completed; here the first EARLY slots
+are requested before `griddepcontrol.wait` (the weights are no kernel's output), while the
+latency-bound kernels before the GEMM still run and HBM would idle. linear_early_weights
+(one block into registers) and the L2 prefetches (bulk and per line) tried the same from
+Triton and lost (kernels/README.md, rounds 3 and 8); none of them had the slots of the
+GEMM's own pipeline full at the wait.
+
+No MMA: with one token the product is a weighted column sum, so each thread multiplies its
+part of the tile by x's rows and adds it into a [BLOCK_K, BLOCK_N] fp32 accumulator; the one
+reduction over K comes once, in the epilogue (a reduction per block would put a cross-warp
+barrier into every step of the stream). x's blocks load from L2 one block ahead. Sums run in another order than the Triton kernel's: near, not bit for
+bit. Needs a Hopper GPU (TMA, mbarriers); no interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kernels.k3.ops.common import PDL, PDL_OFF, current_trigger
+
+
+@gluon.jit
+def _gdc_wait():
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _request(w_desc, w_smem, bars, k_block, n0, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+    s = k_block % STAGES
+    mbarrier.expect(bars.index(s), w_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(w_desc, [k_block * BLOCK_K, n0], bars.index(s), w_smem.index(s))
+
+
+@gluon.jit
+def skinny_gl_kernel(x, w_desc, out, N, K: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, EARLY: gl.constexpr, USE_PDL: gl.constexpr):
+    NW: gl.constexpr = gl.num_warps()
+    NK: gl.constexpr = K // BLOCK_K
+    # A [BLOCK_K, BLOCK_N] tile: 8 bf16 (16 bytes) per thread along N, rows over the rest.
+    TN: gl.constexpr = BLOCK_N // 8
+    tile: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TN, TN], [NW, 1], [1, 0])
+    n0 = gl.program_id(0) * BLOCK_N
+
+    w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_K, BLOCK_N], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(EARLY):  # before the wait: the weights are no producer's output
+        if i < NK:
+            _request(w_desc, w_smem, bars, i, n0, BLOCK_K, STAGES)
+    if USE_PDL:
+        _gdc_wait()  # x is the producer's output
+    if USE_PDL == 2:
+        _gdc_launch_dependents()
+    for i in gl.static_range(EARLY, STAGES):
+        if i < NK:
+            _request(w_desc, w_smem, bars, i, n0, BLOCK_K, STAGES)
+
+    # x's K block i as a [BLOCK_K, 1] column in the tile's layout, loaded one block ahead
+    # (from L2: every program reads the same 14 KB).
+    kr = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, tile))[:, None]
+    xk = gl.load(x + kr)
+    acc = gl.zeros([BLOCK_K, BLOCK_N], gl.float32, tile)
+    for i in range(NK):
+        xn = gl.load(x + (i + 1) * BLOCK_K + kr, mask=(kr >= 0) & (i + 1 < NK), other=0.0)
+        s = i % STAGES
+        mbarrier.wait(bars.index(s), (i // STAGES) & 1)
+        wt = w_smem.index(s).load(tile)
+        acc += wt.to(gl.float32) * xk.to(gl.float32)
+        # Every thread has read slot s (generic proxy) before its next TMA copy (async proxy).
+        gl.thread_barrier()
+        fence_async_shared()
+        if i + STAGES < NK:
+            _request(w_desc, w_smem, bars, i + STAGES, n0, BLOCK_K, STAGES)
+        xk = xn
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    ns = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, tile))
+    gl.store(out + ns, gl.sum(acc, axis=0).to(out.dtype.element_ty), mask=ns < N)
+    if USE_PDL == 1:
+        _gdc_launch_dependents()
+
+
+#: The step's skinny GEMMs at one token: (K, N, columns of the weight they slice).
+GLUON_SHAPES = [(7168, 5120, 6016), (7168, 6144, 6144), (3584, 7168, 7168), (1536, 7168, 7168)]
+#: (block_n, block_k, num_warps, stages, early) per (K, N); other shapes take the default.
+GL_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+GL_DEFAULT = (64, 128, 8, 8, 4)
+
+
+def gl_weight_descriptor(w: torch.Tensor, block_k: int, block_n: int) -> TensorDescriptor:
+    assert w.stride(1) == 1 and w.data_ptr() % 16 == 0 and (w.stride(0) * w.element_size()) % 16 == 0
+    layout = gl.NVMMASharedLayout.get_default_for([block_k, block_n], gl.bfloat16)
+    return TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [block_k, block_n], layout)
+
+
+def skinny_gl(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
+              config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """out = x @ w for one token (x [1, K] contiguous, w [K, N] bf16 with unit column stride,
+    out [1, N]); `config` = (block_n, block_k, warps, stages, early), early <= stages the
+    weight copies issued before the PDL wait."""
+    K, N = w.shape
+    bn, bk, warps, stages, early = config or GL_CONFIGS.get((K, N), GL_DEFAULT)
+    assert x.shape == (1, K) and x.is_contiguous() and out.shape == (1, N) and out.stride(1) == 1
+    assert w.dtype == x.dtype == torch.bfloat16 and K % bk == 0 and 0 <= early <= stages
+    use_pdl = current_trigger() if PDL else PDL_OFF
+    skinny_gl_kernel[(triton.cdiv(N, bn),)](x, gl_weight_descriptor(w, bk, bn), out, N, K=K, BLOCK_K=bk,
+                                            BLOCK_N=bn, STAGES=stages, EARLY=early, USE_PDL=min(use_pdl, 2),
+                                            num_warps=warps, launch_pdl=PDL)
+    return out
