@@ -146,6 +146,29 @@ def tail_mma(spec: str):
         gemv.TAIL_MMA = saved
 
 
+@contextmanager
+def gluon_choice(subops: str, configs: str):
+    """linear_gluon's subops (`o_proj,front`; empty: plan.GLUON_SUBOPS) and configs
+    (`KxN:BN,BK,WARPS,STAGES,EARLY/...`; empty: gemv_gluon.GL_CONFIGS), to sweep them in the step."""
+    from kernels.k3 import plan
+    from kernels.k3.ops import gemv_gluon
+
+    saved = set(plan.GLUON_SUBOPS), dict(gemv_gluon.GL_CONFIGS)
+    if subops:
+        plan.GLUON_SUBOPS.clear()
+        plan.GLUON_SUBOPS.update(subops.split(","))
+    for part in filter(None, configs.split("/")):
+        shape, cfg = part.split(":")
+        gemv_gluon.GL_CONFIGS[tuple(int(v) for v in shape.split("x"))] = tuple(int(v) for v in cfg.split(","))
+    try:
+        yield
+    finally:
+        plan.GLUON_SUBOPS.clear()
+        plan.GLUON_SUBOPS.update(saved[0])
+        gemv_gluon.GL_CONFIGS.clear()
+        gemv_gluon.GL_CONFIGS.update(saved[1])
+
+
 def time_step(model, replays: int) -> float:
     from kernels.record_loop import capture, time_replays
 
@@ -168,7 +191,8 @@ def main() -> int:
                         "BUILD@front=BN,BK,WARPS,STAGES/SR,SF times router_in_front at that config and split; "
                         "BUILD@downmix=BN,BK,WARPS,STAGES moe_down_mixed at that config; "
                         "BUILD@split=BN,BK,WARPS,STAGES/SPLIT the MoE front's rest at that split (linear_split_k); "
-                        "BUILD@tailmma=1|2 moe_tail_mma's sum of squares by reduction or Gram matrix")
+                        "BUILD@tailmma=1|2 moe_tail_mma's sum of squares by reduction or Gram matrix; "
+                        "BUILD@glsub=o_proj,front linear_gluon on those GEMMs; BUILD@glcfg=KxN:BN,BK,W,S,E/... its configs")
     p.add_argument("--skinny-table", default="",
                    help="bench_k3_ops.py --latency sweep JSON: builds suffixed @skinny take its best unsplit "
                         "skinny-GEMM configs (one call at a time), to time them in the step beside the committed table")
@@ -195,15 +219,18 @@ def main() -> int:
     for batch in args.batches:
         for i, variant in enumerate([args.variants[0]] * args.warmup + args.variants):
             warmup = i < args.warmup
-            build, _, tail = variant.partition("@tailmma=")
+            build, _, glcfg = variant.partition("@glcfg=")
+            build, _, glsub = build.partition("@glsub=")
+            build, _, tail = build.partition("@tailmma=")
             build, _, split = build.partition("@split=")
             build, _, down_mix = build.partition("@downmix=")
             build, _, front = build.partition("@front=")
             build, skinny, _ = build.partition("@skinny")
-            model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build, delay_kernel="",
-                                                delay_ns=0, no_fork=False))
             with front_router_config(front), down_mix_config(down_mix), front_split(split), tail_mma(tail), \
-                    skinny_configs(args.skinny_table if skinny else ""):  # read at capture
+                    gluon_choice(glsub, glcfg), skinny_configs(args.skinny_table if skinny else ""):
+                # the plan reads its tables at build, the launches at capture
+                model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build, delay_kernel="",
+                                                    delay_ns=0, no_fork=False))
                 step_ms = time_step(model, args.replays)
             if warmup:
                 print(f"B={batch:3d} {variant}: warm-up {step_ms:8.3f} ms (not a sample)")

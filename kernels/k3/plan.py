@@ -91,6 +91,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "moe_down_mix": ("moe_down_mix_kernel",),    # moe_down_mixed: the down GEMM + the weighted sum
     "gemv": ("gemv_kernel",),
     "skinny_mm": ("skinny_mm_kernel",),
+    "skinny_gl": ("skinny_gl_kernel",),          # linear_gluon: the Gluon skinny GEMM
     "skinny_mm_mixnorm": ("skinny_mm_kernel",),  # the same kernel with MIX_K (moe_tail_fused)
     "l2_prefetch_weight": ("l2_prefetch_kernel",),
 }
@@ -481,8 +482,19 @@ def linear_is_triton(cfg: K3Config, v: Variant, subop: str) -> bool:
     return v.triton_linear and cfg.batch <= SKINNY_MAX_B and subop in subops
 
 
+#: Variant linear_gluon: the skinny GEMMs the Gluon kernel takes at one token, where it ran
+#: faster than the Triton kernel alone on the H200 (bench_k3_ops.py --cases linear_gluon,
+#: round 9: the o_proj one call at a time 18.6 -> 13.8 us; the front's rest 27.1 -> 26.5).
+GLUON_SUBOPS = {O_PROJ, FRONT}
+
+
+def linear_is_gluon(cfg: K3Config, v: Variant, subop: str) -> bool:
+    """Whether this dense GEMM runs as the Gluon skinny GEMM (variant linear_gluon, B = 1)."""
+    return v.linear_gluon and cfg.batch == 1 and subop in GLUON_SUBOPS and linear_is_triton(cfg, v, subop)
+
+
 def _linear_as_triton(cfg: K3Config, v: Variant, seg: Segment) -> Segment:
-    items = tuple(_t(i.subop, i.stream, "skinny_mm")
+    items = tuple(_t(i.subop, i.stream, "skinny_gl" if linear_is_gluon(cfg, v, i.subop) else "skinny_mm")
                   if isinstance(i, Launch) and i.launcher == "mm" and linear_is_triton(cfg, v, i.subop)
                   else i for i in seg.items)
     return Segment(seg.layer, seg.family, items)

@@ -54,6 +54,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "linear_tma_x": ("linear_tma_x", True),                # linear_tma on the GEMMs that read x only
     "linear_tma_tuned": ("linear_tma_tuned", True),        # linear_tma's front at the TMA sweep's best config
     "moe_tail_mma": ("moe_tail_mma", True),                # moe_tail_fused with the expert rows as MMA rows
+    "linear_gluon": ("linear_gluon", True),                # B = 1: o_proj and the MoE front as the Gluon GEMM
 }
 
 DELAY_PREFIX = "delay"
@@ -107,6 +108,8 @@ class Variant:
     linear_tma_tuned: bool = False   # with linear_tma: the MoE front's rest at TMA_CONFIGS' block (64, 256, 4 warps)
     moe_tail_mma: bool = False       # with moe_tail_fused: the 16 expert rows (times gamma) are the up GEMM's
                                      # MMA rows, the weighted sum taken once on the accumulator
+    linear_gluon: bool = False       # B = 1, with triton_linear: the skinny GEMMs of plan.GLUON_SUBOPS as the
+                                     # Gluon kernel (gemv_gluon), its weight copies issued before its wait
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

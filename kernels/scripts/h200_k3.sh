@@ -140,6 +140,11 @@ C45=$C44+moe_tail_fused+moe_tail_mma
 # The MoE front's rest split over K at other program counts, swept in the step (BUILD@split=):
 # the front ran at 2.8 TB/s on 80 SMs beside the router leg; 240 programs starved that leg (c18).
 C46=$C24+linear_tma_x+linear_split_k
+# Both slower (campaign25): the fused tail ran 29.9 us alone (Gram) against the three kernels'
+# 17.8, and no split beat the 80-program front in the step. The o_proj and the front's rest as a
+# Gluon kernel whose first weight copies go out before its PDL wait (linear_gluon; campaign26:
+# alone the o_proj one call 18.6 -> 13.8 us, the front 27.1 -> 26.5).
+C47=$C44+linear_gluon
 
 case $phase in
 campaign_test)
@@ -432,6 +437,12 @@ campaign26)  # linear_gluon: its GPU tests, the standalone case (each shape, the
     | tee $OUT/gpu26.log | tail -3
   timeout 300 python3 bench/bench_k3_ops.py --batch 1 --cases linear_gluon --json $OUT/ops26_b1.json 2>&1 \
     | tee $OUT/ops26_b1.log | tail -90 ;;
+campaign27)  # linear_gluon in the step at B = 1: C44 / C47 / its o_proj alone / its front alone / o_proj's copies after the wait (3 rounds); GPU tests
+  G="$C47 $C47@glsub=o_proj $C47@glsub=front $C47@glcfg=1536x7168:64,128,4,8,0"
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C44 $G $C44 $G $C44 $G \
+    --json $OUT/step27.json 2>&1 | grep "B="
+  timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py \
+    -k "gluon or GLUON" 2>&1 | tee $OUT/gpu27.log | tail -3 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 

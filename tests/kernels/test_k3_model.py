@@ -69,6 +69,12 @@ CAMPAIGN = "+".join([*NEAR, "situ_fused", "attn_res_fused", "router_align_fused"
 DOWN_MIXED = "triton_linear+triton_o_proj+situ_fused+moe_down_mixed"
 #: attn_res_one_pass with add3 folded into the next score (two addends) and early triggers.
 ONE_PASS = "mlp_residual_folded+pdl_early_trigger+attn_res_one_pass"
+#: The campaign builds c24 and c44 (kernels/scripts/h200_k3.sh); c44 with the Gluon o_proj and
+#: MoE front (variant linear_gluon, GPU only: Gluon has no interpreter).
+C24 = ("router_fork+mla_combine_wide+triton_linear+router_align_fused+mlp_residual_folded+pdl_early_trigger"
+       "+attn_res_dot+kda_conv_fused+triton_o_proj+linear_tma")
+C44 = f"{C24}+linear_tma_x+linear_tma_tuned"
+GLUON = f"{C44}+linear_gluon"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -424,7 +430,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
-@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS])
+@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()
@@ -475,10 +481,27 @@ def test_gpu_variant_pairs(batch):
                    must_differ=name == "kda_norm_separate")
 
 
-#: The campaign build c24 (kernels/scripts/h200_k3.sh), and it with the GEMMs' own L2
-#: prefetch and the latency-bound kernels' first triggers (C33).
-C24 = ("router_fork+mla_combine_wide+triton_linear+router_align_fused+mlp_residual_folded+pdl_early_trigger"
-       "+attn_res_dot+kda_conv_fused+triton_o_proj+linear_tma")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_linear_gluon(batch):
+    # At B = 1 the Gluon GEMMs sum in another order: near c44 and within the reference's
+    # tolerance; the graph's kernel nodes those of the plan. At B = 8 it does not apply.
+    model = gpu_model(batch, GLUON)
+    graph = capture(model)
+    n, names = graph_kernels(graph)
+    if None not in names:
+        triton_names = set(model.plan.triton_kernel_names())
+        assert Counter(x for x in names if x in triton_names) == model.plan.triton_kernel_names()
+    assert ("skinny_gl_kernel" in model.plan.triton_kernel_names()) == (batch == 1)
+    base_model = gpu_model(batch, C44)
+    base_model.step()
+    base = {"hidden": base_model.hidden().clone()}
+    routing = {l: base_model.routing(l).clone() for l in base_model.cfg.layers}
+    routed = type("Routed", (), {"routing": lambda self, l: routing[l]})()
+    check_near(model.cfg, routed, gpu_model(batch, GLUON), base, must_differ=False)
 
 
 @gpu

@@ -150,6 +150,7 @@ def test_baseline_counts():
     ("pdl_trigger_first", 0),           # the same kernels, their trigger before their wait
     ("linear_tma_x", 0), ("linear_tma_tuned", 0),  # the same skinny GEMMs, other loads or warps
     ("moe_tail_mma", 0),                # moe_tail_fused's kernel, other code inside (needs it)
+    ("linear_gluon", 0),                # needs triton_linear's GEMMs (below)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -419,6 +420,19 @@ def test_triton_o_proj_takes_the_attention_outputs():
     assert {(s.family, l.subop) for s, l in p.launches() if l.launcher == "skinny_mm"} == {
         ("kda", P.QKVG), ("moe", P.FRONT), ("moe", P.UP), ("kda", P.O_PROJ), ("mla", P.O_PROJ)}
     assert P.build_plan(FULL, parse("triton_o_proj")).segments == P.build_plan(FULL).segments  # needs triton_linear
+
+
+def test_linear_gluon_takes_the_o_proj_and_front_at_one_token():
+    name = "triton_linear+triton_o_proj+linear_gluon"
+    base, p = P.build_plan(FULL, parse("triton_linear+triton_o_proj")), P.build_plan(FULL, parse(name))
+    assert p.triton_kernels == base.triton_kernels and p.cublas_calls == base.cublas_calls
+    assert {(s.family, l.subop) for s, l in p.launches() if l.launcher == "skinny_gl"} == {
+        ("kda", P.O_PROJ), ("mla", P.O_PROJ), ("moe", P.FRONT)}
+    assert (base.triton_kernel_names() - p.triton_kernel_names()) == Counter({"skinny_mm_kernel": 69 + 24 + 92})
+    # B = 8, or without the skinny GEMMs: nothing changes.
+    b8 = FULL.with_(batch=8)
+    assert P.build_plan(b8, parse(name)).segments == P.build_plan(b8, parse("triton_linear+triton_o_proj")).segments
+    assert P.build_plan(FULL, parse("linear_gluon")).segments == P.build_plan(FULL).segments
 
 
 def test_triton_mla_proj_takes_the_narrow_mla_gemms():
