@@ -437,12 +437,19 @@ campaign26)  # linear_gluon: its GPU tests, the standalone case (each shape, the
     | tee $OUT/gpu26.log | tail -3
   timeout 300 python3 bench/bench_k3_ops.py --batch 1 --cases linear_gluon --json $OUT/ops26_b1.json 2>&1 \
     | tee $OUT/ops26_b1.log | tail -90 ;;
-campaign27)  # linear_gluon in the step at B = 1: C44 / C47 / its o_proj alone / its front alone / o_proj's copies after the wait (3 rounds); GPU tests
+campaign27)  # linear_gluon in the step at B = 1: C44 / C47 / its o_proj alone / its front alone / o_proj's copies after the wait (3 rounds); GPU tests; record_ab c44 c47
   G="$C47 $C47@glsub=o_proj $C47@glsub=front $C47@glcfg=1536x7168:64,128,4,8,0"
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C44 $G $C44 $G $C44 $G \
     --json $OUT/step27.json 2>&1 | grep "B="
   timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py \
-    -k "gluon or GLUON" 2>&1 | tee $OUT/gpu27.log | tail -3 ;;
+    -k "gluon or GLUON" 2>&1 | tee $OUT/gpu27.log | tail -3
+  bash $0 record_ab c44 c47 ;;  # carry .nsys: the pair for k3trace diff, in the same call
+campaign28)  # linear_gluon on the o_proj alone, more of its weight copied before the wait (up to all of it); with qkvg (3 rounds)
+  O="$C47@glsub=o_proj"
+  G="$O $O@glcfg=1536x7168:64,128,4,8,8 $O@glcfg=1536x7168:64,128,4,12,12 $O@glcfg=1536x7168:64,128,8,12,12"
+  G="$G $O@glcfg=1536x7168:32,128,4,12,12 $C47@glsub=o_proj,qkvg@glcfg=7168x6144:64,256,8,4,4"
+  timeout 330 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C44 $G $C44 $G $C44 $G \
+    --json $OUT/step28.json 2>&1 | grep "B=" ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 
