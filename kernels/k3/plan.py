@@ -482,10 +482,12 @@ def linear_is_triton(cfg: K3Config, v: Variant, subop: str) -> bool:
     return v.triton_linear and cfg.batch <= SKINNY_MAX_B and subop in subops
 
 
-#: Variant linear_gluon: the skinny GEMMs the Gluon kernel takes at one token, where it ran
-#: faster than the Triton kernel alone on the H200 (bench_k3_ops.py --cases linear_gluon,
-#: round 9: the o_proj one call at a time 18.6 -> 13.8 us; the front's rest 27.1 -> 26.5).
-GLUON_SUBOPS = {O_PROJ, FRONT}
+#: Variant linear_gluon: the skinny GEMMs the Gluon kernel takes at one token. Alone on the
+#: H200 it ran the o_proj one call at a time in 13.8 us against the Triton kernel's 18.6, the
+#: front's rest in 26.5 against 27.1 (bench_k3_ops.py --cases linear_gluon, round 9); in the
+#: step only the o_proj gained (-0.06 ms; with the front too -0.01, qkvg +0.03). A set, so
+#: that bench_k3_step.py can time others (`@glsub=`).
+GLUON_SUBOPS = {O_PROJ}
 
 
 def linear_is_gluon(cfg: K3Config, v: Variant, subop: str) -> bool:

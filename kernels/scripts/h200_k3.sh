@@ -145,6 +145,9 @@ C46=$C24+linear_tma_x+linear_split_k
 # Gluon kernel whose first weight copies go out before its PDL wait (linear_gluon; campaign26:
 # alone the o_proj one call 18.6 -> 13.8 us, the front 27.1 -> 26.5).
 C47=$C44+linear_gluon
+# In the step only the o_proj gained (campaign27, campaign28: -0.06 ms with all 8 slots copied
+# before the wait). plan.GLUON_SUBOPS is now the o_proj alone: C47 and C48 are the same build.
+C48=$C44+linear_gluon
 
 case $phase in
 campaign_test)
@@ -450,6 +453,13 @@ campaign28)  # linear_gluon on the o_proj alone, more of its weight copied befor
   G="$G $O@glcfg=1536x7168:32,128,4,12,12 $C47@glsub=o_proj,qkvg@glcfg=7168x6144:64,256,8,4,4"
   timeout 330 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C44 $G $C44 $G $C44 $G \
     --json $OUT/step28.json 2>&1 | grep "B=" ;;
+campaign28_final)  # C44 / C48 recorded in one call; B = 8 even by construction, timed once; every GPU test but CuTe DSL's
+  bash $0 record_ab c44 c48
+  timeout 60 python3 bench/bench_k3_step.py --batches 8 --variants $C44 $C48 --json $OUT/step28_b8.json 2>&1 | grep "B="
+  set -o pipefail
+  timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
+    tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
+    | tee $OUT/gpu28_all.log | tail -4 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 
