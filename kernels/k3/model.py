@@ -501,7 +501,7 @@ class K3Decode:
 
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         v = self.variant
-        if P.linear_is_gluon(self.cfg, v, subop):
+        if P.linear_is_gluon(self.cfg, v, subop, self._seg.family):
             self._triton(subop, skinny_gl, a, w, out)
             return
         if P.linear_is_triton(self.cfg, v, subop):

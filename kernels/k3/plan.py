@@ -485,18 +485,21 @@ def linear_is_triton(cfg: K3Config, v: Variant, subop: str) -> bool:
 #: Variant linear_gluon: the skinny GEMMs the Gluon kernel takes at one token. Alone on the
 #: H200 it ran the o_proj one call at a time in 13.8 us against the Triton kernel's 18.6, the
 #: front's rest in 26.5 against 27.1 (bench_k3_ops.py --cases linear_gluon, round 9); in the
-#: step only the o_proj gained (-0.06 ms; with the front too -0.01, qkvg +0.03). A set, so
-#: that bench_k3_step.py can time others (`@glsub=`).
+#: step only the o_proj gained (-0.06 ms; with the front too -0.01, qkvg +0.03). Entries are
+#: subops, or `family.subop` for one family's; a set, so that bench_k3_step.py can time
+#: others (`@glsub=`).
 GLUON_SUBOPS = {O_PROJ}
 
 
-def linear_is_gluon(cfg: K3Config, v: Variant, subop: str) -> bool:
-    """Whether this dense GEMM runs as the Gluon skinny GEMM (variant linear_gluon, B = 1)."""
-    return v.linear_gluon and cfg.batch == 1 and subop in GLUON_SUBOPS and linear_is_triton(cfg, v, subop)
+def linear_is_gluon(cfg: K3Config, v: Variant, subop: str, family: str) -> bool:
+    """Whether this dense GEMM of `family`'s segment runs as the Gluon skinny GEMM (variant
+    linear_gluon, B = 1)."""
+    return (v.linear_gluon and cfg.batch == 1 and (subop in GLUON_SUBOPS or f"{family}.{subop}" in GLUON_SUBOPS)
+            and linear_is_triton(cfg, v, subop))
 
 
 def _linear_as_triton(cfg: K3Config, v: Variant, seg: Segment) -> Segment:
-    items = tuple(_t(i.subop, i.stream, "skinny_gl" if linear_is_gluon(cfg, v, i.subop) else "skinny_mm")
+    items = tuple(_t(i.subop, i.stream, "skinny_gl" if linear_is_gluon(cfg, v, i.subop, seg.family) else "skinny_mm")
                   if isinstance(i, Launch) and i.launcher == "mm" and linear_is_triton(cfg, v, i.subop)
                   else i for i in seg.items)
     return Segment(seg.layer, seg.family, items)

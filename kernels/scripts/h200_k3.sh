@@ -460,6 +460,10 @@ campaign28_final)  # C44 / C48 recorded in one call; B = 8 even by construction,
   timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
     tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
     | tee $OUT/gpu28_all.log | tail -4 ;;
+campaign29)  # linear_gluon on the KDA o_proj only (the MLA o_proj's swap read +15 us in k3trace diff): C44 / C48 / it (3 rounds)
+  G="$C48 $C48@glsub=kda.o_proj"
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C44 $G $C44 $G $C44 $G \
+    --json $OUT/step29.json 2>&1 | grep "B=" ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 

@@ -436,6 +436,12 @@ def test_linear_gluon_takes_the_o_proj_at_one_token():
     assert P.build_plan(FULL, parse("linear_gluon")).segments == P.build_plan(FULL).segments
 
 
+def test_linear_gluon_subops_name_a_family_or_all(monkeypatch):
+    monkeypatch.setattr(P, "GLUON_SUBOPS", {"kda.o_proj"})
+    p = P.build_plan(FULL, parse("triton_linear+triton_o_proj+linear_gluon"))
+    assert {(s.family, l.subop) for s, l in p.launches() if l.launcher == "skinny_gl"} == {("kda", P.O_PROJ)}
+
+
 def test_triton_mla_proj_takes_the_narrow_mla_gemms():
     base, p = P.build_plan(FULL, parse("triton_linear")), P.build_plan(FULL, parse("triton_linear+triton_mla_proj"))
     assert base.cublas_calls - p.cublas_calls == p.triton_kernels - base.triton_kernels == 4 * 24
