@@ -485,10 +485,11 @@ def linear_is_triton(cfg: K3Config, v: Variant, subop: str) -> bool:
 #: Variant linear_gluon: the skinny GEMMs the Gluon kernel takes at one token. Alone on the
 #: H200 it ran the o_proj one call at a time in 13.8 us against the Triton kernel's 18.6, the
 #: front's rest in 26.5 against 27.1 (bench_k3_ops.py --cases linear_gluon, round 9); in the
-#: step only the o_proj gained (-0.06 ms; with the front too -0.01, qkvg +0.03). Entries are
-#: subops, or `family.subop` for one family's; a set, so that bench_k3_step.py can time
-#: others (`@glsub=`).
-GLUON_SUBOPS = {O_PROJ}
+#: step only the o_proj gained (-0.06 ms; with the front too -0.01, qkvg +0.03), and the KDA
+#: layers' more (k3trace diff: the KDA swap -99 us, the MLA one +15; the KDA o_proj alone
+#: -0.09 ms unprofiled, campaign29). Entries are subops, or `family.subop` for one family's;
+#: a set, so that bench_k3_step.py can time others (`@glsub=`).
+GLUON_SUBOPS = {f"{KDA}.{O_PROJ}"}
 
 
 def linear_is_gluon(cfg: K3Config, v: Variant, subop: str, family: str) -> bool:

@@ -54,7 +54,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "linear_tma_x": ("linear_tma_x", True),                # linear_tma on the GEMMs that read x only
     "linear_tma_tuned": ("linear_tma_tuned", True),        # linear_tma's front at the TMA sweep's best config
     "moe_tail_mma": ("moe_tail_mma", True),                # moe_tail_fused with the expert rows as MMA rows
-    "linear_gluon": ("linear_gluon", True),                # B = 1: the o_proj as the Gluon GEMM
+    "linear_gluon": ("linear_gluon", True),                # B = 1: the KDA o_proj as the Gluon GEMM
 }
 
 DELAY_PREFIX = "delay"

@@ -148,6 +148,10 @@ C47=$C44+linear_gluon
 # In the step only the o_proj gained (campaign27, campaign28: -0.06 ms with all 8 slots copied
 # before the wait). plan.GLUON_SUBOPS is now the o_proj alone: C47 and C48 are the same build.
 C48=$C44+linear_gluon
+# The KDA o_proj alone ran faster still (campaign29: -0.09 ms against C48's -0.07; the MLA
+# o_proj follows the short gate_mul, so its copies have less to hide under). GLUON_SUBOPS is now
+# the KDA o_proj: C47 to C49 are one build since.
+C49=$C44+linear_gluon
 
 case $phase in
 campaign_test)
@@ -464,6 +468,10 @@ campaign29)  # linear_gluon on the KDA o_proj only (the MLA o_proj's swap read +
   G="$C48 $C48@glsub=kda.o_proj"
   timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C44 $G $C44 $G $C44 $G \
     --json $OUT/step29.json 2>&1 | grep "B=" ;;
+campaign29_rec)  # C44 / C49 recorded in one call; the Gluon GPU tests (plan and graph nodes, reference, near c44)
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py \
+    -k "gluon or GLUON" 2>&1 | tee $OUT/gpu29.log | tail -2
+  bash $0 record_ab c44 c49 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 

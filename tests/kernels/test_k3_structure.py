@@ -422,14 +422,13 @@ def test_triton_o_proj_takes_the_attention_outputs():
     assert P.build_plan(FULL, parse("triton_o_proj")).segments == P.build_plan(FULL).segments  # needs triton_linear
 
 
-def test_linear_gluon_takes_the_o_proj_at_one_token():
+def test_linear_gluon_takes_the_kda_o_proj_at_one_token():
     name = "triton_linear+triton_o_proj+linear_gluon"
     base, p = P.build_plan(FULL, parse("triton_linear+triton_o_proj")), P.build_plan(FULL, parse(name))
     assert p.triton_kernels == base.triton_kernels and p.cublas_calls == base.cublas_calls
-    assert {(s.family, l.subop) for s, l in p.launches() if l.launcher == "skinny_gl"} == {
-        ("kda", P.O_PROJ), ("mla", P.O_PROJ)}
-    assert (base.triton_kernel_names() - p.triton_kernel_names()) == Counter({"skinny_mm_kernel": 69 + 24})
-    assert (p.triton_kernel_names() - base.triton_kernel_names()) == Counter({"skinny_gl_kernel": 69 + 24})
+    assert {(s.family, l.subop) for s, l in p.launches() if l.launcher == "skinny_gl"} == {("kda", P.O_PROJ)}
+    assert (base.triton_kernel_names() - p.triton_kernel_names()) == Counter({"skinny_mm_kernel": 69})
+    assert (p.triton_kernel_names() - base.triton_kernel_names()) == Counter({"skinny_gl_kernel": 69})
     # B = 8, or without the skinny GEMMs: nothing changes.
     b8 = FULL.with_(batch=8)
     assert P.build_plan(b8, parse(name)).segments == P.build_plan(b8, parse("triton_linear+triton_o_proj")).segments
@@ -437,9 +436,10 @@ def test_linear_gluon_takes_the_o_proj_at_one_token():
 
 
 def test_linear_gluon_subops_name_a_family_or_all(monkeypatch):
-    monkeypatch.setattr(P, "GLUON_SUBOPS", {"kda.o_proj"})
+    monkeypatch.setattr(P, "GLUON_SUBOPS", {P.O_PROJ})
     p = P.build_plan(FULL, parse("triton_linear+triton_o_proj+linear_gluon"))
-    assert {(s.family, l.subop) for s, l in p.launches() if l.launcher == "skinny_gl"} == {("kda", P.O_PROJ)}
+    assert {(s.family, l.subop) for s, l in p.launches() if l.launcher == "skinny_gl"} == {
+        ("kda", P.O_PROJ), ("mla", P.O_PROJ)}
 
 
 def test_triton_mla_proj_takes_the_narrow_mla_gemms():
