@@ -54,6 +54,7 @@ OWN_KERNELS = {
     "linear_split_k": ("skinny_mm_kernel",),
     "linear_tma": ("skinny_mm_kernel",),
     "linear_tma_x+linear_tma_tuned": ("skinny_mm_kernel",),
+    "linear_gluon": ("skinny_mm_kernel", "skinny_gl_kernel"),
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).
