@@ -154,3 +154,28 @@ pl.DataFrame([{"change": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us
                "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
                "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
               for name, d in r8["diff"].items()])
+
+# %% [markdown]
+# ## Round nine: the fused tail by MMA rows, the front's split, the Gluon o_proj
+# Builds named from c44 (or c24 for the split sweep); each list's own c44 is its baseline, and
+# the last list ran on another H200 (c44 12.04 against 12.12-12.16 ms). In two lists one c44
+# sample ran 13.53 ms (the first build of a later round; round eight saw one such too), so the
+# baseline here is each list's fastest c44. The k3trace diff rows come from pairs recorded in
+# one call (record_ab c44 cNN).
+
+# %%
+r9 = full["round9"]
+runs9 = pl.DataFrame([{"list": name, "batch": r["batch"], "step_ms": r["step_ms"], "floor_ms": r["floor_ms"],
+                       "build": r["base"] + ("" if r["variant_suffix"].startswith("(") else r["variant_suffix"])}
+                      for name, rows in r9["unprofiled"].items() for r in rows])
+steps9 = (runs9.with_columns(ratio=pl.col("step_ms") / pl.col("floor_ms"))
+          .group_by("list", "batch", "build", maintain_order=True)
+          .agg(pl.col("step_ms").median(), pl.col("ratio").median(), pl.len().alias("runs")))
+base9 = runs9.filter(pl.col("build") == "c44").group_by("list").agg(pl.col("step_ms").min().alias("c44_ms"))
+steps9.join(base9, on="list", how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("c44_ms"))
+
+# %%
+pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
+               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
+               "largest_elsewhere": "; ".join(f"{k} {v:+.0f}" for k, _, v in d["elsewhere_top"])}
+              for name, d in r9["diff"].items()])
