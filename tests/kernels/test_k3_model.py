@@ -110,7 +110,7 @@ def test_plan_names_exist_in_ops():
     import importlib
 
     mods = [importlib.import_module(f"kernels.k3.ops.{m}")
-            for m in ("norm", "attn_res", "kda", "mla", "moe", "gemv", "prefetch")]
+            for m in ("norm", "attn_res", "kda", "mla", "moe", "gemv", "gemv_gluon", "prefetch")]
     kernels = {o.fn.__name__ for m in mods for o in vars(m).values()
                if hasattr(o, "fn") and hasattr(o, "run")}
     launchers = {n for m in mods for n, o in vars(m).items() if callable(o)}
