@@ -231,6 +231,9 @@ class Environment:
 
     cache_dir: Path | None
     tools: Tools
+    #: K3TRACE_CACHE_WAIT=1: analyze and diff wait for their cache writes before returning
+    #: (tests; else a detached writer finishes them after the command returns).
+    wait_for_cache: bool = False
 
     @classmethod
     def resolve(cls, cache_dir: Optional[Path], no_cache: bool) -> "Environment":
@@ -255,7 +258,7 @@ class Environment:
         nsys = os.environ.get("K3TRACE_NSYS") or shutil.which("nsys")
         from k3trace.ingest.tools import Tools
 
-        return cls(cache_dir=folder, tools=Tools(nsys=nsys))
+        return cls(cache_dir=folder, tools=Tools(nsys=nsys), wait_for_cache=os.environ.get("K3TRACE_CACHE_WAIT") == "1")
 
 
 def note(text: str) -> None:
@@ -399,7 +402,27 @@ class AnalyzeOptions:
     labels_from: Path | None = None
 
 
+@contextmanager
+def cache_writes(env: Environment) -> Iterator[None]:
+    """The cache entries of the analyses made within the block are finished by a detached
+    writer once it is left (the answer is printed first, and the command returns without
+    waiting for them; pipeline.saved_detached); with K3TRACE_CACHE_WAIT=1 it waits."""
+    from k3trace.analyses import pipeline
+
+    try:
+        with pipeline.saved_detached():
+            yield
+    finally:
+        if env.wait_for_cache:
+            pipeline.wait_detached()
+
+
 def run_analyze(opts: AnalyzeOptions):
+    with cache_writes(opts.env):
+        return _run_analyze(opts)
+
+
+def _run_analyze(opts: AnalyzeOptions):
     from k3trace.render.terminal import render_analysis
 
     analysis = analysis_of(opts.report, opts.config, opts.env, donor_of(opts.labels_from, opts.config, opts.env))
@@ -494,17 +517,20 @@ class DiffOptions:
 
 
 def run_diff(opts: DiffOptions) -> None:
-    from k3trace.analyses.pipeline import saved_meanwhile
+    # The analyses' cache entries are finished by a detached writer once the answer is out.
+    with cache_writes(opts.env):
+        _run_diff(opts)
+
+
+def _run_diff(opts: DiffOptions) -> None:
     from k3trace.diff import diff
     from k3trace.diff.noise import SLOWER
     from k3trace.render.terminal import diff_markdown, render_diff
 
     donor = donor_of(opts.labels_from, opts.config, opts.env)
-    # The analyses' cache entries are written while the diff is worked out (one core's work).
-    with saved_meanwhile():
-        both = analyses_of(opts.old + opts.new, opts.config, opts.env, donor)
-        old, new = both[:len(opts.old)], both[len(opts.old):]
-        result = diff(old, new)
+    both = analyses_of(opts.old + opts.new, opts.config, opts.env, donor)
+    old, new = both[:len(opts.old)], both[len(opts.old):]
+    result = diff(old, new)
     if opts.html is not None:
         from k3trace.render.html import write_diff_page
 
