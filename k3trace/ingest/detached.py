@@ -99,13 +99,20 @@ class _Session:
         from k3trace.ingest import cachefs
 
         self._reap(block=False)
-        if not can_fork():
-            for e in entries:
-                cachefs.write_entry(e.folder, e.writers, e.meta, e.fmt)
-            return
-        prepared = [(e, {name: _Exported.of(w) if isinstance(w, Frame) else w for name, w in e.writers.items()})
-                    for e in entries]
-        pid = os.fork()
+        prepared: list[tuple[Entry, dict[str, Callable[[Path], None]]]] = []
+        pid = -1
+        try:
+            if can_fork():
+                for e in entries:
+                    prepared.append((e, {}))
+                    for name, w in e.writers.items():
+                        prepared[-1][1][name] = _Exported.of(w) if isinstance(w, Frame) else w
+                for stream in (sys.stdout, sys.stderr):  # the answer out before the fork
+                    with contextlib.suppress(Exception):
+                        stream.flush()
+                pid = os.fork()
+        except Exception:  # noqa: BLE001 - any failure here: written in this process instead
+            pid = -1
         if pid == 0:  # the writer: never returns into the caller's code
             code = 1
             try:
@@ -113,12 +120,16 @@ class _Session:
                 code = 0
             finally:
                 os._exit(code)
-        with self._lock:
-            self._children.append(pid)
         for _, writers in prepared:  # this process' references to the exported buffers
             for w in writers.values():
                 if isinstance(w, _Exported):
                     w.release()
+        if pid > 0:
+            with self._lock:
+                self._children.append(pid)
+            return
+        for e in entries:
+            cachefs.write_entry(e.folder, e.writers, e.meta, e.fmt, detach=False)
 
     def _reap(self, block: bool) -> None:
         with self._lock:
@@ -214,7 +225,8 @@ class _Exported:
     @classmethod
     def of(cls, w: Frame) -> "_Exported":
         frame = w.frame
-        if frame.width == 0 or not all(_plain(t) for t in frame.schema.dtypes()):
+        if (frame.width == 0 or not all(_plain(t) for t in frame.schema.dtypes())
+                or any(s.n_chunks() == 0 for s in frame.get_columns())):
             buf = io.BytesIO()
             w(buf)  # type: ignore[arg-type]  (polars writes to a file object too)
             return cls(w.kind, None, buf.getvalue())
@@ -247,6 +259,8 @@ class _Exported:
         arrays = [pa.chunked_array([pa.Array._import_from_c(ctypes.addressof(a), ctypes.addressof(s))
                                     for a, s in chunks]) for _, chunks in self.columns]
         table = pa.table(arrays, names=[name for name, _ in self.columns])
+        # Kept to the end: freeing them would run polars' release callbacks in the child.
+        _KEPT.append(table)
         if self.kind == "ipc":
             import pyarrow.ipc
 
@@ -259,6 +273,10 @@ class _Exported:
             pq.write_table(table, str(path), compression="lz4", write_statistics=False)
 
 
+#: The child's imported tables (never freed: it exits without tearing anything down).
+_KEPT: list[Any] = []
+
+
 def _child(prepared: list[tuple[Entry, dict[str, Callable[[Path], None]]]]) -> None:
     """The detached writer: off the caller's terminal and process group, the entries
     written one after the other (cachefs's atomic write), then gone."""
@@ -268,7 +286,8 @@ def _child(prepared: list[tuple[Entry, dict[str, Callable[[Path], None]]]]) -> N
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.setsid()
+    with contextlib.suppress(OSError):
+        os.setsid()
     from k3trace.ingest import cachefs
 
     for entry, writers in prepared:
