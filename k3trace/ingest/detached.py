@@ -270,7 +270,9 @@ class _Exported:
         else:
             import pyarrow.parquet as pq
 
-            pq.write_table(table, str(path), compression="lz4", write_statistics=False)
+            # No dictionary pages (polars writes none either): half the write's time, the
+            # same size, read back as fast.
+            pq.write_table(table, str(path), compression="lz4", write_statistics=False, use_dictionary=False)
 
 
 #: The child's imported tables (never freed: it exits without tearing anything down).
