@@ -86,3 +86,23 @@ def test_command_returns_and_the_writer_finishes_the_entries(trace_sqlite, tmp_p
     assert not list(cache.rglob(".tmp-*"))
     second = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=300)
     assert json.loads(second.stdout) == json.loads(first.stdout)
+
+
+def test_commands_end_at_once_with_their_whole_answer_and_exit_code(trace_sqlite, tmp_path):
+    """The console entry ends the process once analyze or diff has answered (no teardown):
+    the answer is whole, the exit code kept (diff --fail-on slower: 1), and the cache
+    entries are the detached writer's."""
+    env = {k: v for k, v in os.environ.items() if k != "K3TRACE_CACHE_WAIT"}
+    env["PYTHONPATH"] = str(ROOT)
+    base, slow = str(trace_sqlite("small_inside_a")), str(trace_sqlite("small_delay_kda_step"))
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    k3 = [sys.executable, "-m", "k3trace.cli"]
+    slower = subprocess.run([*k3, "diff", base, slow, "--fail-on", "slower", "--json", *cache], capture_output=True,
+                            text=True, env=env, timeout=300, cwd=tmp_path)
+    assert slower.returncode == 1 and json.loads(slower.stdout)["verdict"] == "slower"
+    faster = subprocess.run([*k3, "diff", slow, base, "--fail-on", "slower", *cache], capture_output=True, text=True,
+                            env=env, timeout=300, cwd=tmp_path)
+    assert faster.returncode == 0 and faster.stdout.endswith("\n") and faster.stdout.count("\n") > 5
+    answered = subprocess.run([*k3, "analyze", base, *cache], capture_output=True, text=True, env=env, timeout=300,
+                              cwd=tmp_path)
+    assert answered.returncode == 0 and answered.stdout.count("\n") > 10
