@@ -121,9 +121,10 @@ _saves = _Saves()
 def saved_meanwhile() -> contextlib.AbstractContextManager[None]:
     """Within the block, analyze_report hands its analysis cache entry to a writer thread and
     returns at once; leaving the block waits for the entries. For callers with work of their
-    own to do next: the diff, whose replays run mostly on one core in Python, while the
-    writes (compression and digests, outside the GIL) take the other (at two full-depth
-    exports the two entries take about 0.3 s, the diff's own work about as long)."""
+    own to do next: the diff where no detached writer can be started (`saved_detached`),
+    whose replays run mostly on one core in Python, while the writes (compression and
+    digests, outside the GIL) take the other (at two full-depth exports the two entries
+    take about 0.3 s, the diff's own work about as long)."""
     return _saves.meanwhile()
 
 
