@@ -172,9 +172,11 @@ def wait() -> None:
 
 
 def can_fork() -> bool:
-    """A fork whose child can write frames without polars: pyarrow at hand but not loaded
-    here (a loaded pyarrow's thread pools would not survive the fork either)."""
-    return hasattr(os, "fork") and "pyarrow" not in sys.modules and importlib.util.find_spec("pyarrow") is not None
+    """A fork whose child can write frames without polars: on Linux (macOS's system
+    libraries do not promise to survive a fork of a threaded process), pyarrow at hand but
+    not loaded here (a loaded pyarrow's thread pools would not survive the fork either)."""
+    return (sys.platform.startswith("linux") and hasattr(os, "fork") and "pyarrow" not in sys.modules
+            and importlib.util.find_spec("pyarrow") is not None)
 
 
 # -- Arrow's C data interface --------------------------------------------------------------
@@ -285,9 +287,13 @@ def _child(prepared: list[tuple[Entry, dict[str, Callable[[Path], None]]]]) -> N
     import gc
 
     gc.disable()  # nothing of the caller's is freed here (its polars objects least of all)
+    # Off the caller's terminal and pipes: whoever reads the command's output (a shell's
+    # pipe, a parent waiting for EOF) sees it end with the command, not with the writer.
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
+    os.closerange(3, null)
+    os.closerange(null + 1, 1 << 16)
     with contextlib.suppress(OSError):
         os.setsid()
     from k3trace.ingest import cachefs
