@@ -272,8 +272,8 @@ class _Exported:
         else:
             import pyarrow.parquet as pq
 
-            # No dictionary pages (polars writes none either): half the write's time, the
-            # same size, read back as fast.
+            # No dictionary pages: half the write's time (88 -> 42 ms for the kernels at 373k),
+            # the same size; polars reads the file in 14-16 ms (its own: 9-10 ms).
             pq.write_table(table, str(path), compression="lz4", write_statistics=False, use_dictionary=False)
 
 
