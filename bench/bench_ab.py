@@ -16,7 +16,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from harness import reference_tree, run_child, temp_folder
+from harness import reference_tree, run_child, temp_folder, waited_note
 
 
 def main() -> None:
@@ -29,17 +29,21 @@ def main() -> None:
     try:
         sides = {args.against: reference_tree(args.against, work / "reference"), "working tree": None}
         runs: dict[str, list[float]] = {"sqlite3 fetch": [], **{name: [] for name in sides}}
+        children = {name: [] for name in sides}
         for i in range(args.repeat):
             runs["sqlite3 fetch"].append(run_child(["fetch", str(args.export)]).seconds)
             order = list(sides) if i % 2 == 0 else list(sides)[::-1]
             for name in order:
                 cache = work / f"cache-{i}"
-                runs[name].append(run_child(["analyze", str(args.export), "--cache-dir", str(cache)],
-                                            pythonpath=sides[name]).seconds)
+                done = run_child(["analyze", str(args.export), "--cache-dir", str(cache)], pythonpath=sides[name])
+                runs[name].append(done.seconds)
+                children[name].append(done)
                 shutil.rmtree(cache, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     floor = statistics.median(runs["sqlite3 fetch"])
+    for name, done in children.items():
+        print(f"{name}: {waited_note(done)}")
     for name, seconds in runs.items():
         med = statistics.median(seconds)
         print(f"{name:>14}: median {med:6.3f} s (ratio {med / floor:4.2f})  min {min(seconds):6.3f} s  "

@@ -21,7 +21,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from harness import BASELINE, kernel_count, reference_tree, replicate, run_child, same_json, temp_folder
+from harness import BASELINE, kernel_count, reference_tree, replicate, run_child, same_json, temp_folder, waited_note
 
 
 def measure(export: Path, repeat: int, work: Path, reference: Path | None) -> dict:
@@ -43,7 +43,7 @@ def measure(export: Path, repeat: int, work: Path, reference: Path | None) -> di
     shutil.rmtree(warm_cache, ignore_errors=True)
     med = lambda runs, key: statistics.median(getattr(r, key) for r in runs)  # noqa: E731
     out.update(fetch_s=med(fetch, "seconds"), fetch_rss=med(fetch, "peak_rss"), cold_s=med(cold, "seconds"),
-               cold_rss=max(r.peak_rss for r in cold), warm_s=med(warm[1:], "seconds"))
+               cold_rss=max(r.peak_rss for r in cold), warm_s=med(warm[1:], "seconds"), note=waited_note(cold))
     return out
 
 
@@ -80,6 +80,7 @@ def print_row(name: str, scale: int, r: dict, repeat: int, rev: str) -> None:
     target = 2.0 if r["kernels"] < 1_000_000 else 1.5
     kib = r["cold_rss"] / r["kernels"] / 1024
     print(f"{name} x{scale}: {r['kernels']:,} kernels; medians of {repeat}; JSON vs {rev}: {r['check']}")
+    print(f"  cold: {r['note']}")
     print(f"  sqlite3 fetch of kernel rows : {r['fetch_s']:7.3f} s   peak {r['fetch_rss'] / 2**20:6.0f} MiB")
     print(f"  analyze, cold (empty cache)  : {r['cold_s']:7.3f} s   ratio {r['cold_s'] / r['fetch_s']:5.2f}  "
           f"(target <= {target})   peak {r['cold_rss'] / 2**20:6.0f} MiB = {kib:.2f} KiB/kernel (target <= 0.8)")

@@ -17,7 +17,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from harness import BASELINE, reference_tree, run_child, same_json, temp_folder
+from harness import BASELINE, reference_tree, run_child, same_json, temp_folder, waited_note
 
 
 def main() -> None:
@@ -36,14 +36,17 @@ def main() -> None:
             run_child(["diff", *pair, "--json-out", str(work / "reference.json")], pythonpath=reference)
             run_child(["diff", *pair, "--json-out", str(work / "mine.json")])
             check = same_json(work / "mine.json", work / "reference.json")
-        analyze_s, diff_s = [], []
+        analyze_s, diff_s, children = [], [], []
         for i in range(args.repeat):  # interleaved: noise hits both alike
-            analyze_s.append(run_child(["analyze", pair[0], "--cache-dir", str(work / f"a{i}")]).seconds)
-            diff_s.append(run_child(["diff", *pair, "--cache-dir", str(work / f"d{i}")]).seconds)
+            children.append(run_child(["analyze", pair[0], "--cache-dir", str(work / f"a{i}")]))
+            analyze_s.append(children[-1].seconds)
+            children.append(run_child(["diff", *pair, "--cache-dir", str(work / f"d{i}")]))
+            diff_s.append(children[-1].seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     a, d = statistics.median(analyze_s), statistics.median(diff_s)
     print(f"old: {args.old.name}, new: {args.new.name}; medians of {args.repeat}; JSON vs {args.reference}: {check}")
+    print(waited_note(children))
     print(f"analyze, cold (one export)        : {a:7.3f} s")
     print(f"diff, cold (both exports)         : {d:7.3f} s   ratio {d / a:5.2f}  (target <= 1.6)")
 

@@ -28,6 +28,18 @@ class ChildRun:
     seconds: float        # measured inside the child, imports excluded
     peak_rss: int         # bytes, the child's maximum resident set
     out: dict             # what the child printed (its last line, JSON)
+    waited: float = 0.0   # after `seconds`, untimed: waiting for its detached cache writer
+
+
+#: What the bench scripts print beside a time of `analyze` or `diff`.
+DETACHED_NOTE = ("times run until the answer is ready (as the command returns); where the code has one, the "
+                 "cache entries' detached writer finishes after it and is waited for outside the time, before "
+                 "the next run")
+
+
+def waited_note(runs: list["ChildRun"]) -> str:
+    waits = sorted(r.waited for r in runs)
+    return f"{DETACHED_NOTE} (that wait: median {waits[len(waits) // 2]:.2f} s)" if waits else DETACHED_NOTE
 
 
 def run_child(args: list[str], *, pythonpath: Path | None = None, env: dict | None = None) -> ChildRun:
@@ -44,7 +56,8 @@ def run_child(args: list[str], *, pythonpath: Path | None = None, env: dict | No
     if proc.returncode != 0:
         raise RuntimeError(f"child {' '.join(args)} failed with exit code {proc.returncode}")
     out = json.loads(stdout.strip().splitlines()[-1])
-    return ChildRun(seconds=float(out.get("seconds", 0.0)), peak_rss=usage.ru_maxrss * 1024, out=out)
+    return ChildRun(seconds=float(out.get("seconds", 0.0)), peak_rss=usage.ru_maxrss * 1024, out=out,
+                    waited=float(out.get("waited", 0.0)))
 
 
 def reference_tree(rev: str, into: Path) -> Path:

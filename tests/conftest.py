@@ -4,10 +4,16 @@ k3trace/data) decompressed once per session, and the public samples beside the p
 from __future__ import annotations
 
 import lzma
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+# The commands wait for their cache writes (else a detached writer finishes them after the
+# command returns, and a test reading the cache next would race it); test_detached_cache.py
+# runs them without.
+os.environ.setdefault("K3TRACE_CACHE_WAIT", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "k3trace" / "data"

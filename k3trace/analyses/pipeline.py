@@ -24,7 +24,7 @@ from k3trace.analyses.overlap import step_overlap
 from k3trace.analyses.result import KERNEL_COLUMNS, PATH_COLUMNS, Analysis
 from k3trace.config import Config
 from k3trace.errors import ReportError
-from k3trace.ingest import Limits, Progress, Tools, Trace, load_report, report_key
+from k3trace.ingest import Limits, Progress, Tools, Trace, detached, load_report, report_key
 from k3trace.model.labels import LabelDonor, label
 from k3trace.model.stable import classify_steps
 from k3trace.model.steps import assign_steps
@@ -66,6 +66,11 @@ def _analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None, tools: T
     if cached is not None:
         progress("cached analysis")
         return cached
+    if detached.active():  # both entries go to the detached writer
+        result = analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg,
+                         donor=donor)
+        store.save(result, folder)
+        return result
     # The trace's cache entry is written while the analysis runs, on the other core.
     with ThreadPoolExecutor(1) as writer:
         trace = load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits, writer=writer)
@@ -116,10 +121,27 @@ _saves = _Saves()
 def saved_meanwhile() -> contextlib.AbstractContextManager[None]:
     """Within the block, analyze_report hands its analysis cache entry to a writer thread and
     returns at once; leaving the block waits for the entries. For callers with work of their
-    own to do next: the diff, whose replays run mostly on one core in Python, while the
-    writes (compression and digests, outside the GIL) take the other (at two full-depth
-    exports the two entries take about 0.3 s, the diff's own work about as long)."""
+    own to do next: the diff where no detached writer can be started (`saved_detached`),
+    whose replays run mostly on one core in Python, while the writes (compression and
+    digests, outside the GIL) take the other (at two full-depth exports the two entries
+    take about 0.3 s, the diff's own work about as long)."""
     return _saves.meanwhile()
+
+
+def saved_detached() -> contextlib.AbstractContextManager[None]:
+    """Within the block, analyze_report queues its cache entries (the trace's and the
+    analysis'); leaving the block forks one writer that finishes them while the caller goes
+    on, and returns at once (k3trace/ingest/detached.py: how, and where it falls back to
+    writing them here). For commands whose answer is ready when the block is left:
+    `k3trace analyze` and `diff` return without waiting for their cache writes. The entries
+    appear once written, atomically; `wait_detached()` waits for them. Where no detached
+    writer can be started, as `saved_meanwhile`."""
+    return detached.writes_detached() if detached.can_fork() else saved_meanwhile()
+
+
+def wait_detached() -> None:
+    """Wait for the cache writers that `saved_detached` blocks of this process started."""
+    detached.wait()
 
 
 def label_donor(analysis: Analysis) -> LabelDonor:

@@ -19,7 +19,7 @@ from k3trace.analyses.result import PATH_COLUMNS, Analysis
 from k3trace.analyses.stepgraph import StepGraph
 from k3trace.config import Config, ModuleRule, NameRule
 from k3trace.model.labels import LabelSummary
-from k3trace.ingest import cachefs
+from k3trace.ingest import cachefs, detached
 
 FORMAT = 3
 #: The path's columns that repeat the kernels' for the same kernel: its rows are the
@@ -44,7 +44,7 @@ class _Encoder:
 
     def encode(self, value: Any) -> Any:
         if isinstance(value, pl.DataFrame):
-            return {"frame": self._file("arrow", lambda p, v=value: v.write_ipc(p, compression="lz4"))}
+            return {"frame": self._file("arrow", detached.Frame(value, "ipc"))}
         if isinstance(value, np.ndarray):
             if value.dtype == object:
                 raise TypeError("object arrays are not stored")

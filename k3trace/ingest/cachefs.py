@@ -43,9 +43,16 @@ def temp_name(prefix: str, tag: str = "") -> str:
     return f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}" + (f"-{tag}" if tag else "")
 
 
-def write_entry(folder: Path, writers: dict[str, Callable[[Path], None]], meta: dict[str, Any], fmt: int) -> bool:
+def write_entry(folder: Path, writers: dict[str, Callable[[Path], None]], meta: dict[str, Any], fmt: int,
+                detach: bool = True) -> bool:
     """Write an entry atomically: each `writers[name](path)` writes one file. False when the
-    entry could not be written (the cache is then just not used for it)."""
+    entry could not be written (the cache is then just not used for it). Within
+    `detached.writes_detached()` the entry is queued for a detached writer instead (True)."""
+    if detach:
+        from k3trace.ingest import detached
+
+        if detached.queue(folder, writers, meta, fmt):
+            return True
     tmp = folder.parent / temp_name(".tmp-", folder.name)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from typing import Callable
 import polars as pl
 
 from k3trace.errors import ReportError
-from k3trace.ingest import cachefs, kineto, normalize, schema
+from k3trace.ingest import cachefs, detached, kineto, normalize, schema
 from k3trace.ingest.tables import ParquetDirTables, SqliteTables
 from k3trace.ingest.tools import Tools
 
@@ -291,9 +291,6 @@ def _read_cache(cache_dir: Path, key: str) -> Trace | None:
 
 
 def _write_cache(cache_dir: Path, key: str, trace: Trace) -> None:
-    def parquet(frame: pl.DataFrame):
-        return lambda path: frame.write_parquet(path, compression="lz4", statistics=False)
-
-    writers = {f"{name}.parquet": parquet(getattr(trace, name)) for name in _frames()}
+    writers = {f"{name}.parquet": detached.Frame(getattr(trace, name), "parquet") for name in _frames()}
     meta = {"source": trace.source, "form": trace.form, "export": trace.export}
     cachefs.write_entry(cache_dir / "traces" / key, writers, meta, CACHE_FORMAT)
