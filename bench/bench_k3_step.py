@@ -16,7 +16,7 @@ import argparse
 import json
 import statistics
 import sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
 
 import torch
@@ -70,103 +70,84 @@ def bytes_read_per_step(model) -> dict[str, int]:
 
 
 @contextmanager
-def skinny_configs(table: str):
-    """The skinny GEMM's configs from a bench_k3_ops.py --latency sweep (empty: the committed ones)."""
-    from kernels.k3.ops import gemv
-
-    saved = dict(gemv.SKINNY_CONFIGS)
-    if table:
-        for r in json.load(open(table))["sweeps"]["linear_latency"].values():
-            gemv.SKINNY_CONFIGS[(r["K"], r["N"])] = tuple(r["best_config"])
+def patched(module, **values):
+    """`module`'s tables and constants set to `values` within the block (None: left as
+    they are). Dicts and sets change in place, since the model imports some by name."""
+    saved = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        old = getattr(module, name)
+        saved[name] = old.copy() if isinstance(old, (dict, set)) else old
+        if isinstance(old, (dict, set)):
+            old.clear()
+            old.update(value)
+        else:
+            setattr(module, name, value)
     try:
         yield
     finally:
-        gemv.SKINNY_CONFIGS.clear()
-        gemv.SKINNY_CONFIGS.update(saved)
+        for name, old in saved.items():
+            now = getattr(module, name)
+            if isinstance(now, (dict, set)):
+                now.clear()
+                now.update(old)
+            else:
+                setattr(module, name, old)
 
 
-@contextmanager
-def front_router_config(spec: str):
-    """`BN,BK,WARPS,STAGES/SR,SF` (empty: the default): router_in_front's config and splits."""
-    from kernels.k3.ops import moe
-
-    saved = moe.FRONT_ROUTER_CONFIG, moe.FRONT_ROUTER_SPLITS
-    if spec:
-        cfg, splits = spec.split("/")
-        moe.FRONT_ROUTER_CONFIG = tuple(int(v) for v in cfg.split(","))
-        moe.FRONT_ROUTER_SPLITS = tuple(int(v) for v in splits.split(","))
-    try:
-        yield
-    finally:
-        moe.FRONT_ROUTER_CONFIG, moe.FRONT_ROUTER_SPLITS = saved
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
 
 
-@contextmanager
-def down_mix_config(spec: str):
-    """`BN,BK,WARPS,STAGES` (empty: the default): moe_down_mixed's config."""
-    from kernels.k3.ops import moe
-
-    saved = moe.DOWN_MIX_CONFIG
-    if spec:
-        moe.DOWN_MIX_CONFIG = tuple(int(v) for v in spec.split(","))
-    try:
-        yield
-    finally:
-        moe.DOWN_MIX_CONFIG = saved
-
-
-@contextmanager
-def front_split(spec: str):
-    """`BN,BK,WARPS,STAGES/SPLIT` (empty: the committed table): under linear_split_k, the MoE
-    front's rest (K, N) = (7168, 5120) at that config and split, to sweep it in the step."""
-    from kernels.k3.ops import gemv
-
-    saved = dict(gemv.SKINNY_SPLITS)
-    if spec:
-        cfg, split = spec.split("/")
-        gemv.SKINNY_SPLITS[(7168, 5120)] = (tuple(int(v) for v in cfg.split(",")), int(split))
-    try:
-        yield
-    finally:
-        gemv.SKINNY_SPLITS.clear()
-        gemv.SKINNY_SPLITS.update(saved)
-
-
-@contextmanager
-def tail_mma(spec: str):
-    """`1` or `2` (empty: the default): moe_tail_mma's sum-of-squares method (gemv.TAIL_MMA)."""
-    from kernels.k3.ops import gemv
-
-    saved = gemv.TAIL_MMA
-    if spec:
-        gemv.TAIL_MMA = int(spec)
-    try:
-        yield
-    finally:
-        gemv.TAIL_MMA = saved
-
-
-@contextmanager
-def gluon_choice(subops: str, configs: str):
-    """linear_gluon's subops (`o_proj,front`; empty: plan.GLUON_SUBOPS) and configs
-    (`KxN:BN,BK,WARPS,STAGES,EARLY/...`; empty: gemv_gluon.GL_CONFIGS), to sweep them in the step."""
+def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
+    """The `BUILD@key=value` parts of a build (bench_k3_step.py --help), applied around its
+    model's build and capture (the plan reads its tables at build, the launches at capture):
+    - front=BN,BK,WARPS,STAGES/SR,SF: router_in_front's config and splits;
+    - downmix=BN,BK,WARPS,STAGES: moe_down_mixed's config;
+    - split=BN,BK,WARPS,STAGES/SPLIT: under linear_split_k, the MoE front's rest (7168 x 5120);
+    - tailmma=1|2: moe_tail_mma's sum of squares (gemv.TAIL_MMA);
+    - glsub=o_proj,front: linear_gluon's GEMMs (plan.GLUON_SUBOPS);
+    - glcfg=KxN:BN,BK,WARPS,STAGES,EARLY/...: linear_gluon's configs (gemv_gluon.GL_CONFIGS);
+    - skinny (a suffix): the skinny GEMM's configs from a bench_k3_ops.py --latency sweep."""
     from kernels.k3 import plan
-    from kernels.k3.ops import gemv_gluon
+    from kernels.k3.ops import gemv, gemv_gluon, moe
 
-    saved = set(plan.GLUON_SUBOPS), dict(gemv_gluon.GL_CONFIGS)
-    if subops:
-        plan.GLUON_SUBOPS.clear()
-        plan.GLUON_SUBOPS.update(subops.split(","))
-    for part in filter(None, configs.split("/")):
-        shape, cfg = part.split(":")
-        gemv_gluon.GL_CONFIGS[tuple(int(v) for v in shape.split("x"))] = tuple(int(v) for v in cfg.split(","))
-    try:
-        yield
-    finally:
-        plan.GLUON_SUBOPS.clear()
-        plan.GLUON_SUBOPS.update(saved[0])
-        gemv_gluon.GL_CONFIGS.clear()
-        gemv_gluon.GL_CONFIGS.update(saved[1])
+    stack = ExitStack()
+    if "front" in spec:
+        cfg, splits = spec["front"].split("/")
+        stack.enter_context(patched(moe, FRONT_ROUTER_CONFIG=_ints(cfg), FRONT_ROUTER_SPLITS=_ints(splits)))
+    if "downmix" in spec:
+        stack.enter_context(patched(moe, DOWN_MIX_CONFIG=_ints(spec["downmix"])))
+    if "split" in spec:
+        cfg, split = spec["split"].split("/")
+        stack.enter_context(patched(gemv, SKINNY_SPLITS={**gemv.SKINNY_SPLITS, (7168, 5120): (_ints(cfg), int(split))}))
+    if "tailmma" in spec:
+        stack.enter_context(patched(gemv, TAIL_MMA=int(spec["tailmma"])))
+    if "glsub" in spec:
+        stack.enter_context(patched(plan, GLUON_SUBOPS=set(spec["glsub"].split(","))))
+    if "glcfg" in spec:
+        table = dict(gemv_gluon.GL_CONFIGS)
+        for part in spec["glcfg"].split("/"):
+            shape, cfg = part.split(":")
+            table[tuple(int(v) for v in shape.split("x"))] = _ints(cfg)
+        stack.enter_context(patched(gemv_gluon, GL_CONFIGS=table))
+    if "skinny" in spec and skinny_table:
+        table = dict(gemv.SKINNY_CONFIGS)
+        for r in json.load(open(skinny_table))["sweeps"]["linear_latency"].values():
+            table[(r["K"], r["N"])] = tuple(r["best_config"])
+        stack.enter_context(patched(gemv, SKINNY_CONFIGS=table))
+    return stack
+
+
+def parse_build(variant: str) -> tuple[str, dict[str, str]]:
+    """`BUILD@key=value@key=value...` (and a bare `@skinny`) -> (BUILD, {key: value})."""
+    build, *parts = variant.split("@")
+    spec = {}
+    for part in parts:
+        key, _, value = part.partition("=")
+        spec[key] = value
+    return build, spec
 
 
 def time_step(model, replays: int) -> float:
@@ -219,16 +200,8 @@ def main() -> int:
     for batch in args.batches:
         for i, variant in enumerate([args.variants[0]] * args.warmup + args.variants):
             warmup = i < args.warmup
-            build, _, glcfg = variant.partition("@glcfg=")
-            build, _, glsub = build.partition("@glsub=")
-            build, _, tail = build.partition("@tailmma=")
-            build, _, split = build.partition("@split=")
-            build, _, down_mix = build.partition("@downmix=")
-            build, _, front = build.partition("@front=")
-            build, skinny, _ = build.partition("@skinny")
-            with front_router_config(front), down_mix_config(down_mix), front_split(split), tail_mma(tail), \
-                    gluon_choice(glsub, glcfg), skinny_configs(args.skinny_table if skinny else ""):
-                # the plan reads its tables at build, the launches at capture
+            build, spec = parse_build(variant)
+            with overrides(spec, args.skinny_table):
                 model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build, delay_kernel="",
                                                     delay_ns=0, no_fork=False))
                 step_ms = time_step(model, args.replays)

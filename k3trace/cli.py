@@ -107,6 +107,7 @@ class _App(typer.Typer):
     the command without this)."""
 
     def __call__(self, *args, **kwargs):
+        _answered.clear()  # only this invocation's answer ends the process early
         try:
             return super().__call__(*args, **kwargs)
         except SystemExit as exc:

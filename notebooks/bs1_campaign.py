@@ -140,14 +140,22 @@ runs = runs.with_columns(first=pl.col("position") == pl.col("position").min().ov
 # come from pairs recorded in one call (record_ab).
 
 # %%
+def unprofiled_runs(rnd: dict) -> pl.DataFrame:
+    """A round's unprofiled lists, one row per timed build, named from its base build."""
+    return pl.DataFrame([{"list": name, "batch": r["batch"], "step_ms": r["step_ms"], "floor_ms": r["floor_ms"],
+                          "build": r["base"] + ("" if r["variant_suffix"].startswith("(") else r["variant_suffix"])}
+                         for name, rows in rnd["unprofiled"].items() for r in rows])
+
+
+def per_build(runs: pl.DataFrame) -> pl.DataFrame:
+    """Each list's builds: median step and ratio against the list's own floor."""
+    return (runs.with_columns(ratio=pl.col("step_ms") / pl.col("floor_ms"))
+            .group_by("list", "batch", "build", maintain_order=True)
+            .agg(pl.col("step_ms").median(), pl.col("ratio").median(), pl.len().alias("runs")))
+
+
 r8 = full["round8"]
-runs8 = pl.DataFrame([{"list": name, "batch": r["batch"], "step_ms": r["step_ms"], "floor_ms": r["floor_ms"],
-                       "build": r["base"] + ("" if r["variant_suffix"].startswith("(") else r["variant_suffix"])}
-                      for name, rows in r8["unprofiled"].items() for r in rows])
-steps8 = (runs8.with_columns(ratio=pl.col("step_ms") / pl.col("floor_ms"))
-          .group_by("list", "batch", "build", maintain_order=True)
-          .agg(pl.col("step_ms").median(), pl.col("ratio").median(), pl.len().alias("runs")))
-steps8
+per_build(unprofiled_runs(r8))
 
 # %%
 pl.DataFrame([{"change": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
@@ -165,14 +173,9 @@ pl.DataFrame([{"change": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us
 
 # %%
 r9 = full["round9"]
-runs9 = pl.DataFrame([{"list": name, "batch": r["batch"], "step_ms": r["step_ms"], "floor_ms": r["floor_ms"],
-                       "build": r["base"] + ("" if r["variant_suffix"].startswith("(") else r["variant_suffix"])}
-                      for name, rows in r9["unprofiled"].items() for r in rows])
-steps9 = (runs9.with_columns(ratio=pl.col("step_ms") / pl.col("floor_ms"))
-          .group_by("list", "batch", "build", maintain_order=True)
-          .agg(pl.col("step_ms").median(), pl.col("ratio").median(), pl.len().alias("runs")))
+runs9 = unprofiled_runs(r9)
 base9 = runs9.filter(pl.col("build") == "c44").group_by("list").agg(pl.col("step_ms").min().alias("c44_ms"))
-steps9.join(base9, on="list", how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("c44_ms"))
+per_build(runs9).join(base9, on="list", how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("c44_ms"))
 
 # %%
 pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
