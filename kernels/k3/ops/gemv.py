@@ -87,8 +87,7 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     w_cols = w + ns[None, :]
     x_rows = x + ms.to(tl.int64)[:, None] * stride_x
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if MIX_K > 0 and MIX_MMA > 0:  # the expert rows fill the MMA's BLOCK_M rows (the rest zero)
-        x_rows = x + ms.to(tl.int64)[:, None] * stride_x
+    if MIX_K > 0 and MIX_MMA > 0:  # the expert rows fill the MMA's BLOCK_M rows (x_rows; the rest zero)
         em = ms < MIX_K
         mw = tl.load(mix_w + ms, mask=em, other=0.0)  # written several kernels ago: before the wait
         sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
