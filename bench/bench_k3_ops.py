@@ -627,6 +627,51 @@ def linear_gluon(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+#: Variant linear_ws: configs (block_n, block_k, consumer warps, stages, mma, maxnreg) tried.
+WS_SWEEP = [(64, 128, 4, 8, 1, 128), (64, 128, 4, 8, 0, 128), (64, 128, 4, 4, 1, 128), (64, 128, 4, 6, 1, 128),
+            (64, 64, 4, 16, 1, 128), (64, 256, 4, 4, 1, 128), (128, 128, 4, 6, 1, 128), (32, 128, 4, 8, 1, 128),
+            (64, 128, 4, 8, 1, 80), (64, 128, 8, 8, 1, 128)]
+
+
+def linear_ws(B: int, calls: int) -> dict[str, float]:
+    """Variant linear_ws at one token: each skinny GEMM of the c44 step as it runs there (the
+    Triton kernel, TMA where K is the hidden size), the Gluon kernel at its committed config,
+    and the warp-specialized one over WS_SWEEP, back to back and one call at a time."""
+    from kernels.k3.ops.common import early_trigger
+    from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, TMA_CONFIGS, skinny_mm
+    from kernels.k3.ops.gemv_gluon import skinny_gl, skinny_ws
+
+    if B != 1:
+        return {}
+    g = torch.Generator(device="cuda").manual_seed(13)
+    res = {}
+    with early_trigger():
+        for name, (K, N, wide, _) in TMA_SHAPES.items():
+            n = _copies(K * wide * 2)
+            ws = [(torch.randn(K, wide, device="cuda", dtype=BF, generator=g) * K ** -0.5)[:, wide - N:]
+                  for _ in range(n)]
+            x = torch.randn(1, K, device="cuda", dtype=BF, generator=g)
+            out = torch.empty(1, N, device="cuda", dtype=BF)
+            tma = K == 7168
+            cfg = TMA_CONFIGS.get((K, N)) if tma else None
+            tag = f"{name} triton {cfg or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)}{' tma' if tma else ''}"
+            res[tag + " back to back"] = per_call_us(lambda i: skinny_mm(x, ws[i % n], out, tma=tma, config=cfg), calls)
+            res[tag + " one call"] = single_call_us(lambda i: skinny_mm(x, ws[i % n], out, tma=tma, config=cfg), n)
+            res[f"{name} gluon back to back"] = per_call_us(lambda i: skinny_gl(x, ws[i % n], out), calls)
+            res[f"{name} gluon one call"] = single_call_us(lambda i: skinny_gl(x, ws[i % n], out), n)
+            for c in WS_SWEEP:
+                try:  # a config the GPU cannot hold must not end the case
+                    res[f"{name} ws {c} back to back"] = per_call_us(lambda i, c=c: skinny_ws(x, ws[i % n], out, config=c),
+                                                                     calls)
+                    res[f"{name} ws {c} one call"] = single_call_us(lambda i, c=c: skinny_ws(x, ws[i % n], out, config=c), n)
+                except Exception as exc:  # noqa: BLE001 - reported, then the sweep goes on
+                    torch.cuda.synchronize()
+                    print(f"linear_ws {name} {c}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            del ws
+            torch.cuda.empty_cache()
+    return res
+
+
 #: moe_down_mix configs swept one call at a time: (BLOCK_N, BLOCK_K, warps, stages).
 DOWN_MIX_SWEEP = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (64, 128) for w in (4, 8) for st in (3, 4, 6)]
 
@@ -865,7 +910,8 @@ def main() -> int:
             "attn_res_in_o_proj": lambda: o_proj_score(B, args.calls),
             "linear_tma": lambda: linear_tma(B, args.calls), "moe_down_mixed": lambda: moe_down(B, args.calls),
             "linear_prefetch": lambda: prefetch_chains(B, args.calls),
-            "linear_gluon": lambda: linear_gluon(B, args.calls)}
+            "linear_gluon": lambda: linear_gluon(B, args.calls),
+            "linear_ws": lambda: linear_ws(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

@@ -100,6 +100,15 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(","))
 
 
+def _shape_table(table: dict, text: str) -> dict:
+    """`KxN:a,b,c/KxN:...` over a config table keyed by (K, N)."""
+    table = dict(table)
+    for part in text.split("/"):
+        shape, cfg = part.split(":")
+        table[tuple(int(v) for v in shape.split("x"))] = _ints(cfg)
+    return table
+
+
 def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     """The `BUILD@key=value` parts of a build (bench_k3_step.py --help), applied around its
     model's build and capture (the plan reads its tables at build, the launches at capture):
@@ -109,6 +118,7 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     - tailmma=1|2: moe_tail_mma's sum of squares (gemv.TAIL_MMA);
     - glsub=o_proj,front: linear_gluon's GEMMs (plan.GLUON_SUBOPS);
     - glcfg=KxN:BN,BK,WARPS,STAGES,EARLY/...: linear_gluon's configs (gemv_gluon.GL_CONFIGS);
+    - wscfg=KxN:BN,BK,WARPS,STAGES,MMA,MAXNREG/...: linear_ws's configs (gemv_gluon.WS_CONFIGS);
     - skinny (a suffix): the skinny GEMM's configs from a bench_k3_ops.py --latency sweep."""
     from kernels.k3 import plan
     from kernels.k3.ops import gemv, gemv_gluon, moe
@@ -127,11 +137,9 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     if "glsub" in spec:
         stack.enter_context(patched(plan, GLUON_SUBOPS=set(spec["glsub"].split(","))))
     if "glcfg" in spec:
-        table = dict(gemv_gluon.GL_CONFIGS)
-        for part in spec["glcfg"].split("/"):
-            shape, cfg = part.split(":")
-            table[tuple(int(v) for v in shape.split("x"))] = _ints(cfg)
-        stack.enter_context(patched(gemv_gluon, GL_CONFIGS=table))
+        stack.enter_context(patched(gemv_gluon, GL_CONFIGS=_shape_table(gemv_gluon.GL_CONFIGS, spec["glcfg"])))
+    if "wscfg" in spec:
+        stack.enter_context(patched(gemv_gluon, WS_CONFIGS=_shape_table(gemv_gluon.WS_CONFIGS, spec["wscfg"])))
     if "skinny" in spec and skinny_table:
         table = dict(gemv.SKINNY_CONFIGS)
         for r in json.load(open(skinny_table))["sweeps"]["linear_latency"].values():
@@ -173,7 +181,8 @@ def main() -> int:
                         "BUILD@downmix=BN,BK,WARPS,STAGES moe_down_mixed at that config; "
                         "BUILD@split=BN,BK,WARPS,STAGES/SPLIT the MoE front's rest at that split (linear_split_k); "
                         "BUILD@tailmma=1|2 moe_tail_mma's sum of squares by reduction or Gram matrix; "
-                        "BUILD@glsub=o_proj,front linear_gluon on those GEMMs; BUILD@glcfg=KxN:BN,BK,W,S,E/... its configs")
+                        "BUILD@glsub=o_proj,front linear_gluon on those GEMMs; BUILD@glcfg=KxN:BN,BK,W,S,E/... its configs; "
+                        "BUILD@wscfg=KxN:BN,BK,W,S,MMA,MAXNREG/... linear_ws's")
     p.add_argument("--skinny-table", default="",
                    help="bench_k3_ops.py --latency sweep JSON: builds suffixed @skinny take its best unsplit "
                         "skinny-GEMM configs (one call at a time), to time them in the step beside the committed table")

@@ -64,7 +64,7 @@ from kernels.k3.ops.moe import (
 from kernels.k3.ops.gemv import (SKINNY_CONFIGS, SKINNY_DEFAULT, TMA_CONFIGS, alloc_split_k, gemv, skinny_mm,
                                  skinny_mm_mixnorm)
 from kernels.k3.ops import gemv as gemv_ops  # its module constants, read at capture
-from kernels.k3.ops.gemv_gluon import skinny_gl
+from kernels.k3.ops.gemv_gluon import skinny_gl, skinny_ws
 from kernels.k3.ops.norm import rmsnorm
 from kernels.k3.ops.prefetch import l2_prefetch_weight
 from kernels.k3.variants import BASELINE, Variant
@@ -502,7 +502,7 @@ class K3Decode:
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         v = self.variant
         if P.linear_is_gluon(self.cfg, v, subop, self._seg.family):
-            self._triton(subop, skinny_gl, a, w, out)
+            self._triton(subop, skinny_ws if v.linear_ws else skinny_gl, a, w, out)
             return
         if P.linear_is_triton(self.cfg, v, subop):
             tma = v.linear_tma and (not v.linear_tma_x or a.shape[1] == self.cfg.hidden)

@@ -92,6 +92,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "gemv": ("gemv_kernel",),
     "skinny_mm": ("skinny_mm_kernel",),
     "skinny_gl": ("skinny_gl_kernel",),          # linear_gluon: the Gluon skinny GEMM
+    "skinny_ws": ("skinny_ws_kernel",),          # linear_ws: the same, warp-specialized
     "skinny_mm_mixnorm": ("skinny_mm_kernel",),  # the same kernel with MIX_K (moe_tail_fused)
     "l2_prefetch_weight": ("l2_prefetch_kernel",),
 }
@@ -499,8 +500,14 @@ def linear_is_gluon(cfg: K3Config, v: Variant, subop: str, family: str) -> bool:
             and linear_is_triton(cfg, v, subop))
 
 
+def _skinny_launcher(cfg: K3Config, v: Variant, subop: str, family: str) -> str:
+    if not linear_is_gluon(cfg, v, subop, family):
+        return "skinny_mm"
+    return "skinny_ws" if v.linear_ws else "skinny_gl"
+
+
 def _linear_as_triton(cfg: K3Config, v: Variant, seg: Segment) -> Segment:
-    items = tuple(_t(i.subop, i.stream, "skinny_gl" if linear_is_gluon(cfg, v, i.subop, seg.family) else "skinny_mm")
+    items = tuple(_t(i.subop, i.stream, _skinny_launcher(cfg, v, i.subop, seg.family))
                   if isinstance(i, Launch) and i.launcher == "mm" and linear_is_triton(cfg, v, i.subop)
                   else i for i in seg.items)
     return Segment(seg.layer, seg.family, items)

@@ -55,6 +55,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "linear_tma_tuned": ("linear_tma_tuned", True),        # linear_tma's front at the TMA sweep's best config
     "moe_tail_mma": ("moe_tail_mma", True),                # moe_tail_fused with the expert rows as MMA rows
     "linear_gluon": ("linear_gluon", True),                # B = 1: the KDA o_proj as the Gluon GEMM
+    "linear_ws": ("linear_ws", True),                      # linear_gluon's GEMMs warp-specialized (loader warp)
 }
 
 DELAY_PREFIX = "delay"
@@ -110,6 +111,8 @@ class Variant:
                                      # MMA rows, the weighted sum taken once on the accumulator
     linear_gluon: bool = False       # B = 1, with triton_linear: the skinny GEMMs of plan.GLUON_SUBOPS as the
                                      # Gluon kernel (gemv_gluon), its weight copies issued before its wait
+    linear_ws: bool = False          # with linear_gluon: those GEMMs as the warp-specialized Gluon kernel (a
+                                     # loader warp streams every slot, never waiting for the PDL producer)
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

@@ -152,6 +152,11 @@ C48=$C44+linear_gluon
 # o_proj follows the short gate_mul, so its copies have less to hide under). GLUON_SUBOPS is now
 # the KDA o_proj: C47 to C49 are one build since.
 C49=$C44+linear_gluon
+# Tenth round, on C49. The Gluon GEMM warp-specialized (linear_ws): a loader warp streams every
+# slot from the CTA's start, never waiting for the PDL producer; the consumers multiply by
+# mma.sync as Triton's skinny kernel does (the FMA form was slower than Triton's once its wait
+# returned, round 9), with no TMA issue or CTA barrier of their own in the loop.
+C50=$C49+linear_ws
 
 case $phase in
 campaign_test)
@@ -472,6 +477,15 @@ campaign29_rec)  # C44 / C49 recorded in one call; the Gluon GPU tests (plan and
   timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py \
     -k "gluon or GLUON" 2>&1 | tee $OUT/gpu29.log | tail -2
   bash $0 record_ab c44 c49 ;;
+campaign30)  # linear_ws: its GPU tests, the standalone case; in the step on the KDA o_proj, its FMA form, and with up / qkvg / the MLA o_proj / the front (3 rounds)
+  timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_gluon.py -k ws 2>&1 \
+    | tee $OUT/gpu30.log | tail -3
+  timeout 170 python3 bench/bench_k3_ops.py --batch 1 --cases linear_ws --json $OUT/ops30_b1.json 2>&1 \
+    | tee $OUT/ops30_b1.log | tail -60
+  G="$C50 $C50@wscfg=1536x7168:64,128,4,8,0,128 $C50@glsub=kda.o_proj,up $C50@glsub=kda.o_proj,qkvg"
+  G="$G $C50@glsub=o_proj $C50@glsub=kda.o_proj,front"
+  timeout 230 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C49 $G $C49 $G $C49 $G \
+    --json $OUT/step30.json 2>&1 | grep "B=" ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 

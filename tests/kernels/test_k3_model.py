@@ -75,6 +75,7 @@ C24 = ("router_fork+mla_combine_wide+triton_linear+router_align_fused+mlp_residu
        "+attn_res_dot+kda_conv_fused+triton_o_proj+linear_tma")
 C44 = f"{C24}+linear_tma_x+linear_tma_tuned"
 GLUON = f"{C44}+linear_gluon"
+WS = f"{GLUON}+linear_ws"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -486,22 +487,23 @@ def test_gpu_variant_pairs(batch):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8])
-def test_gpu_linear_gluon(batch):
+@pytest.mark.parametrize("build, kernel", [(GLUON, "skinny_gl_kernel"), (WS, "skinny_ws_kernel")])
+def test_gpu_linear_gluon(batch, build, kernel):
     # At B = 1 the Gluon GEMMs sum in another order: near c44 and within the reference's
     # tolerance; the graph's kernel nodes those of the plan. At B = 8 it does not apply.
-    model = gpu_model(batch, GLUON)
+    model = gpu_model(batch, build)
     graph = capture(model)
     n, names = graph_kernels(graph)
     if None not in names:
         triton_names = set(model.plan.triton_kernel_names())
         assert Counter(x for x in names if x in triton_names) == model.plan.triton_kernel_names()
-    assert ("skinny_gl_kernel" in model.plan.triton_kernel_names()) == (batch == 1)
+    assert (kernel in model.plan.triton_kernel_names()) == (batch == 1)
     base_model = gpu_model(batch, C44)
     base_model.step()
     base = {"hidden": base_model.hidden().clone()}
     routing = {l: base_model.routing(l).clone() for l in base_model.cfg.layers}
     routed = type("Routed", (), {"routing": lambda self, l: routing[l]})()
-    check_near(model.cfg, routed, gpu_model(batch, GLUON), base, must_differ=False)
+    check_near(model.cfg, routed, gpu_model(batch, build), base, must_differ=False)
 
 
 @gpu

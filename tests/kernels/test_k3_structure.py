@@ -151,6 +151,7 @@ def test_baseline_counts():
     ("linear_tma_x", 0), ("linear_tma_tuned", 0),  # the same skinny GEMMs, other loads or warps
     ("moe_tail_mma", 0),                # moe_tail_fused's kernel, other code inside (needs it)
     ("linear_gluon", 0),                # needs triton_linear's GEMMs (below)
+    ("linear_ws", 0),                   # needs linear_gluon's (below)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -433,6 +434,20 @@ def test_linear_gluon_takes_the_kda_o_proj_at_one_token():
     b8 = FULL.with_(batch=8)
     assert P.build_plan(b8, parse(name)).segments == P.build_plan(b8, parse("triton_linear+triton_o_proj")).segments
     assert P.build_plan(FULL, parse("linear_gluon")).segments == P.build_plan(FULL).segments
+
+
+def test_linear_ws_warp_specializes_linear_gluons_gemms():
+    name = "triton_linear+triton_o_proj+linear_gluon"
+    gl, ws = P.build_plan(FULL, parse(name)), P.build_plan(FULL, parse(f"{name}+linear_ws"))
+    assert {(s.family, l.subop) for s, l in ws.launches() if l.launcher == "skinny_ws"} == {("kda", P.O_PROJ)}
+    assert not any(l.launcher == "skinny_gl" for _, l in ws.launches())
+    assert (ws.triton_kernel_names() - gl.triton_kernel_names()) == Counter({"skinny_ws_kernel": 69})
+    assert (gl.triton_kernel_names() - ws.triton_kernel_names()) == Counter({"skinny_gl_kernel": 69})
+    # Without linear_gluon, or at B = 8, it changes nothing.
+    assert P.build_plan(FULL, parse("triton_linear+triton_o_proj+linear_ws")).segments == \
+        P.build_plan(FULL, parse("triton_linear+triton_o_proj")).segments
+    b8 = FULL.with_(batch=8)
+    assert P.build_plan(b8, parse(f"{name}+linear_ws")).segments == P.build_plan(b8, parse(name)).segments
 
 
 def test_linear_gluon_subops_name_a_family_or_all(monkeypatch):

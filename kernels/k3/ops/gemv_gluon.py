@@ -32,7 +32,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, mma_v2, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.k3.ops.common import PDL, PDL_OFF, current_trigger
@@ -107,6 +107,94 @@ def skinny_gl_kernel(x, w_desc, out, N, K: gl.constexpr, BLOCK_K: gl.constexpr, 
         _gdc_launch_dependents()
 
 
+@gluon.jit
+def _ws_loader(w_desc, w_smem, ready, empty, n0, NK: gl.constexpr, BLOCK_K: gl.constexpr,
+               STAGES: gl.constexpr, USE_PDL: gl.constexpr):
+    # One warp: the copies never wait for the PDL producer (the weights are no kernel's
+    # output), only for a free slot; the first STAGES go out as soon as the CTA starts.
+    if USE_PDL == 2:
+        # Under early triggers the consumers trigger after their wait; should the CTA's
+        # trigger count every thread, this warp must not hold it back until its last copy.
+        _gdc_launch_dependents()
+    for i in range(NK):
+        s = i % STAGES
+        # A slot's first use needs no release: a fresh mbarrier's phase 1 counts as complete.
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [i * BLOCK_K, n0], ready.index(s), w_smem.index(s))
+
+
+@gluon.jit
+def _ws_consumer(x, out, N, w_smem, ready, empty, n0, NK: gl.constexpr, BLOCK_K: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MMA: gl.constexpr, USE_PDL: gl.constexpr):
+    NW: gl.constexpr = gl.num_warps()
+    if USE_PDL:
+        _gdc_wait()  # x is the producer's output
+    if USE_PDL == 2:
+        _gdc_launch_dependents()
+    if MMA:
+        # As Triton's skinny kernel: the token is row 0 of a 16-row MMA tile (mma.sync), the
+        # weight tile loads from shared memory straight into the B operand's registers.
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW], instr_shape=[16, 8])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
+        b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
+        rows = gl.arange(0, 16, layout=gl.SliceLayout(1, a_l))[:, None]
+        kc = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, a_l))[None, :]
+        xk = gl.load(x + kc + rows * 0, mask=rows == 0, other=0.0)
+        acc = gl.zeros([16, BLOCK_N], gl.float32, mma)
+        for i in range(NK):
+            xn = gl.load(x + (i + 1) * BLOCK_K + kc + rows * 0, mask=(rows == 0) & (i + 1 < NK), other=0.0)
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            wt = w_smem.index(s).load(b_l)
+            fence_async_shared()
+            mbarrier.arrive(empty.index(s), count=1)
+            acc = mma_v2(xk, wt, acc)
+            xk = xn
+        orow = gl.arange(0, 16, layout=gl.SliceLayout(1, mma))[:, None]
+        ocol = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))[None, :]
+        gl.store(out + ocol + orow * 0, acc.to(out.dtype.element_ty), mask=(orow == 0) & (ocol < N))
+    else:
+        TN: gl.constexpr = BLOCK_N // 8
+        tile: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TN, TN], [NW, 1], [1, 0])
+        kr = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, tile))[:, None]
+        xk = gl.load(x + kr)
+        acc = gl.zeros([BLOCK_K, BLOCK_N], gl.float32, tile)
+        for i in range(NK):
+            xn = gl.load(x + (i + 1) * BLOCK_K + kr, mask=(kr >= 0) & (i + 1 < NK), other=0.0)
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            wt = w_smem.index(s).load(tile)
+            # Generic-proxy reads of slot s ordered before the loader's next TMA write into it.
+            fence_async_shared()
+            mbarrier.arrive(empty.index(s), count=1)
+            acc += wt.to(gl.float32) * xk.to(gl.float32)
+            xk = xn
+        ns = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, tile))
+        gl.store(out + ns, gl.sum(acc, axis=0).to(out.dtype.element_ty), mask=ns < N)
+    if USE_PDL == 1:
+        _gdc_launch_dependents()
+
+
+@gluon.jit
+def skinny_ws_kernel(x, w_desc, out, N, K: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, MMA: gl.constexpr, USE_PDL: gl.constexpr):
+    """skinny_gl_kernel warp-specialized: one loader warp streams the weights through the
+    ring, the num_warps consumer warps wait, multiply and release slots."""
+    NK: gl.constexpr = K // BLOCK_K
+    n0 = gl.program_id(0) * BLOCK_N
+    w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_K, BLOCK_N], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_ws_consumer, (x, out, N, w_smem, ready, empty, n0, NK, BLOCK_K, BLOCK_N, STAGES, MMA, USE_PDL)),
+        (_ws_loader, (w_desc, w_smem, ready, empty, n0, NK, BLOCK_K, STAGES, USE_PDL)),
+    ], [1], [24])
+
+
 #: The step's skinny GEMMs at one token: (K, N, columns of the weight they slice).
 GLUON_SHAPES = [(7168, 5120, 6016), (7168, 6144, 6144), (3584, 7168, 7168), (1536, 7168, 7168)]
 #: (block_n, block_k, num_warps, stages, early) per (K, N); other shapes take the default.
@@ -144,4 +232,31 @@ def skinny_gl(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     skinny_gl_kernel[(triton.cdiv(N, bn),)](x, gl_weight_descriptor(w, bk, bn), out, N, K=K, BLOCK_K=bk,
                                             BLOCK_N=bn, STAGES=stages, EARLY=early, USE_PDL=min(use_pdl, 2),
                                             num_warps=warps, launch_pdl=PDL)
+    return out
+
+
+#: Variant linear_ws: (block_n, block_k, consumer warps, stages, mma, maxnreg) per (K, N). The
+#: loader is one more warp (a warp group of four as allocated); maxnreg caps the launch's
+#: registers per thread (the loader gives its share back to the consumers), so that a CTA can
+#: sit beside the previous kernel's on its SM under PDL. mma 1: the consumers multiply by
+#: mma.sync with the token as row 0 of 16, as Triton's skinny kernel does; 0: by FMA.
+WS_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int, int]] = {}
+WS_DEFAULT = (64, 128, 4, 8, 1, 128)
+
+
+def skinny_ws(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
+              config: tuple[int, int, int, int, int, int] | None = None, delay_ns: int = 0) -> torch.Tensor:
+    """skinny_gl warp-specialized (variant linear_ws): out = x @ w for one token. `config` =
+    (block_n, block_k, consumer warps, stages, mma, maxnreg). Every slot's first copy goes out
+    when the CTA starts, whatever the PDL producer is doing; the consumers wait for it."""
+    if delay_ns:
+        raise ValueError("skinny_ws takes no injected delay: name another kernel in the delay variant")
+    K, N = w.shape
+    bn, bk, warps, stages, mma, maxnreg = config or WS_CONFIGS.get((K, N), WS_DEFAULT)
+    assert x.shape == (1, K) and x.is_contiguous() and out.shape == (1, N) and out.stride(1) == 1
+    assert w.dtype == x.dtype == torch.bfloat16 and K % bk == 0 and warps % 4 == 0
+    use_pdl = current_trigger() if PDL else PDL_OFF
+    skinny_ws_kernel[(triton.cdiv(N, bn),)](x, gl_weight_descriptor(w, bk, bn), out, N, K=K, BLOCK_K=bk,
+                                            BLOCK_N=bn, STAGES=stages, MMA=mma, USE_PDL=min(use_pdl, 2),
+                                            num_warps=warps, maxnreg=maxnreg, launch_pdl=PDL)
     return out
