@@ -216,6 +216,8 @@ class Scratch:
         self.routed_lat = e(B, cfg.latent)
         self.routed_lat_n = e(B, cfg.latent)
         self.lat_sumsq = e(B, weighted_sum_chunks(cfg.latent), dtype=torch.float32)  # latent_norm_folded
+        # moe_down_atomic: the down GEMM's atomic weighted sum; zero between uses (the norm clears it).
+        self.routed_sum = torch.zeros(B, cfg.latent, device=device, dtype=torch.float32)
         self.routed_out = e(B, H)
         # Dense MLP
         self.dense_gu = e(B, 2 * cfg.dense_inter)
@@ -750,6 +752,10 @@ class K3Decode:
             elif v.situ_fused:  # the down GEMM applies SiTU as it loads gate|up
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_gu, w.w2, *seg, s.expert_y,
                              top_k=cfg.top_k, x_is_per_token=False, act_in=True)
+            elif P.down_sums(cfg, v):  # the down GEMM adds the weighted sum into routed_sum
+                self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
+                self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.routed_sum,
+                             top_k=cfg.top_k, x_is_per_token=False, sum_weights=weights)
             else:
                 self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.expert_y,
@@ -765,6 +771,10 @@ class K3Decode:
             elif mixed:
                 self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
                              cfg.norm_eps)
+                self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
+            elif P.down_sums(cfg, v):
+                self._triton(P.LATENT_NORM, rmsnorm, s.routed_sum, w.latent_norm, s.routed_lat_n,
+                             cfg.norm_eps, clear_input=True)
                 self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
             elif P.latent_norm_folds(cfg, v):
                 self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,

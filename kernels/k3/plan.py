@@ -405,13 +405,24 @@ def sum_norm_fuses(cfg: K3Config, v: Variant) -> bool:
             and not latent_norm_folds(cfg, v) and not down_mixes(cfg, v))
 
 
+def down_sums(cfg: K3Config, v: Variant) -> bool:
+    """moe_down_atomic: at B = 1 the routed down GEMM, on its own grid, adds each expert row
+    times its router weight into an fp32 latent row by atomic adds, and the latent RMSNorm
+    reads it and clears it for the next layer: the weighted sum's launch and its dependent
+    hop go. Not with the tails that read the expert rows or the sum's sums of squares
+    (moe_tail_fused, latent_norm_folded), nor where the down GEMM mixes (moe_down_mixed) or
+    one program sums and norms (moe_sum_norm_fused)."""
+    return (v.moe_down_atomic and cfg.batch == 1 and not moe_tail_fuses(cfg, v)
+            and not latent_norm_folds(cfg, v) and not down_mixes(cfg, v) and not sum_norm_fuses(cfg, v))
+
+
 def _moe_tail(cfg: K3Config, v: Variant) -> list[Item]:
     """Weighted sum -> latent RMSNorm -> up GEMM, or one of the variants that fuse them."""
     if moe_tail_fuses(cfg, v):
         return [_t(UP, MAIN, "skinny_mm_mixnorm")]
     if sum_norm_fuses(cfg, v):
         return [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum_norm"), _mm(UP, MAIN)]
-    if down_mixes(cfg, v):  # the sum was formed by the down GEMM
+    if down_mixes(cfg, v) or down_sums(cfg, v):  # the sum was formed by the down GEMM
         return [_t(LATENT_NORM, MAIN, "rmsnorm"), _mm(UP, MAIN)]
     norm = [] if latent_norm_folds(cfg, v) else [_t(LATENT_NORM, MAIN, "rmsnorm")]
     return [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"), *norm, _mm(UP, MAIN)]

@@ -56,6 +56,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "moe_tail_mma": ("moe_tail_mma", True),                # moe_tail_fused with the expert rows as MMA rows
     "linear_gluon": ("linear_gluon", True),                # B = 1: the KDA o_proj as the Gluon GEMM
     "linear_ws": ("linear_ws", True),                      # linear_gluon's GEMMs warp-specialized (loader warp)
+    "moe_down_atomic": ("moe_down_atomic", True),          # B = 1: the down GEMM adds the weighted sum atomically
 }
 
 DELAY_PREFIX = "delay"
@@ -113,6 +114,8 @@ class Variant:
                                      # Gluon kernel (gemv_gluon), its weight copies issued before its wait
     linear_ws: bool = False          # with linear_gluon: those GEMMs as the warp-specialized Gluon kernel (a
                                      # loader warp streams every slot, never waiting for the PDL producer)
+    moe_down_atomic: bool = False    # B = 1: the routed down GEMM adds each expert row times its weight into
+                                     # an fp32 latent (atomics), the norm reads and clears it: no weighted sum
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

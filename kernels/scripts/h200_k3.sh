@@ -157,6 +157,12 @@ C49=$C44+linear_gluon
 # mma.sync as Triton's skinny kernel does (the FMA form was slower than Triton's once its wait
 # returned, round 9), with no TMA issue or CTA barrier of their own in the loop.
 C50=$C49+linear_ws
+# Slower in every form (campaign30: the KDA o_proj +0.24 ms, its FMA form +0.10; alone the
+# mma.sync consumer ran the up GEMM 22.5 us back to back against Triton's 13.9). The MoE tail
+# instead: the routed down GEMM adds each expert row times its weight into an fp32 latent by
+# atomic adds on its own grid, the latent norm reads and clears it (moe_down_atomic): the
+# weighted sum's launch and hop go (moe_down_mixed lost by its 112-program grid).
+C51=$C49+moe_down_atomic
 
 case $phase in
 campaign_test)
@@ -486,6 +492,14 @@ campaign30)  # linear_ws: its GPU tests, the standalone case; in the step on the
   G="$G $C50@glsub=o_proj $C50@glsub=kda.o_proj,front"
   timeout 230 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C49 $G $C49 $G $C49 $G \
     --json $OUT/step30.json 2>&1 | grep "B=" ;;
+campaign31)  # moe_down_atomic: its op and model GPU tests; C49 / C51 in the step (3 rounds); record_ab c49 c51 (carry .nsys)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k "moe_down_atomic or moe_chain" 2>&1 \
+    | tee $OUT/gpu31_ops.log | tail -2
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "atomic and not 64" 2>&1 \
+    | tee $OUT/gpu31.log | tail -2
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C49 $C51 $C49 $C51 $C49 $C51 \
+    --json $OUT/step31.json 2>&1 | grep "B="
+  bash $0 record_ab c49 c51 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 

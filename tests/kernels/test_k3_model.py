@@ -76,6 +76,8 @@ C24 = ("router_fork+mla_combine_wide+triton_linear+router_align_fused+mlp_residu
 C44 = f"{C24}+linear_tma_x+linear_tma_tuned"
 GLUON = f"{C44}+linear_gluon"
 WS = f"{GLUON}+linear_ws"
+#: c49 with the down GEMM adding the weighted sum atomically (variant moe_down_atomic).
+DOWN_ATOMIC = f"{GLUON}+moe_down_atomic"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -281,6 +283,7 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
                                                                            ("triton_linear+triton_o_proj+attn_res_dot+attn_res_in_o_proj", 1),
                                                                            ("triton_linear+latent_norm_folded", 1),
                                                                            ("moe_down_mixed", 1), ("situ_fused+moe_down_mixed", 1),
+                                                                           ("moe_down_atomic", 1), ("triton_linear+moe_down_atomic", 1),
                                                                            ("attn_res_one_pass", 1), (ONE_PASS, 1)])
 def test_campaign_variants_near_baseline(name, batch):
     # router_fork forks at B = 1 only; B = 2 keeps the baseline head.
@@ -409,7 +412,7 @@ def test_gpu_side_priority_raises_the_side_streams():
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
-                                  "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS])
+                                  "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -431,7 +434,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
-@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON])
+@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()

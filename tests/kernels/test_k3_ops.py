@@ -738,6 +738,38 @@ def test_moe_down_mix(B, E, K, N, KD, config):
         exact(out_act, out)
 
 
+@pytest.mark.parametrize("B,E,K,N,KD", [
+    (1, 32, 4, 96, 160),    # masked K tail, one token
+    (3, 16, 4, 48, 128),    # masked N tail, three tokens sharing experts
+    (1, 64, 16, 64, 384),   # top-16 of 64, K = 384 as in K3
+])
+def test_moe_down_atomic(B, E, K, N, KD):
+    """Variant moe_down_atomic: the grouped down GEMM adding each pair's row times its router
+    weight into an fp32 [B, N] row (atomics) vs the float64 composition; then rmsnorm of that
+    row with clear_input leaves it zero for the next layer and normalises it as rmsnorm
+    does a copy of it."""
+    g = gen(23)
+    ids = _random_ids(B, E, K, 23)
+    tw = torch.rand(B, K, generator=g, device=DEV, dtype=F32)
+    w = randn(g, E, N, KD, scale=KD ** -0.5)
+    h = randn(g, B * K, KD, scale=2.0)
+    P, G = B * K, min(B * K, E)
+    al = (torch.empty(P, device=DEV, dtype=I32), torch.empty(G, device=DEV, dtype=I32),
+          torch.empty(G + 1, device=DEV, dtype=I32), torch.empty(1, device=DEV, dtype=I32))
+    moe.moe_align(ids, E, *al)
+    acc = torch.zeros(B, N, device=DEV, dtype=F32)
+    moe.moe_grouped_gemm(h, w, *al, acc, top_k=K, x_is_per_token=False, sum_weights=tw)
+    want = R.ref_moe_weighted_sum(R.ref_moe_grouped_gemm(h, w, ids, x_is_per_token=False).double(), tw)
+    close(acc, want, atol=2e-2, rtol=2e-2)  # the rows unrounded: fp32 against float64
+    gamma = randn(g, N)
+    out, copy_out = (torch.empty(B, N, device=DEV, dtype=BF) for _ in range(2))
+    kept = acc.clone()
+    norm.rmsnorm(kept, gamma, copy_out)
+    norm.rmsnorm(acc, gamma, out, clear_input=True)
+    assert torch.count_nonzero(acc) == 0
+    exact(out, copy_out)
+
+
 def test_delay_ns_is_accepted():
     """Every launcher takes delay_ns; the interpreter forces it to 0 (no globaltimer)."""
     g = gen(18)
@@ -819,6 +851,7 @@ def e(*shape, dt=BF):
 for B in (1, 8, 64):
     H = 7168
     norm.rmsnorm(e(B, H), e(H), e(B, H)); norm.rmsnorm(e(B, 576)[:, :512], e(512), e(B, 512))
+    norm.rmsnorm(e(B, 3584, dt=F32), e(3584), e(B, 3584), clear_input=True)  # variant moe_down_atomic
     bank = e(8, B, H); sc = e(*attn_res.attn_res_scores_shape(B, H), dt=F32)
     attn_res.attn_res_score(bank, 5, e(H), sc); attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H))
     attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H), addend2=e(B, H))
@@ -887,6 +920,8 @@ for B in (1, 8, 64):
     moe.moe_grouped_gemm(e(P, 768), e(896, 3584, 384), *al, e(P, 3584), x_is_per_token=False, act_in=True)
     moe.situ_mul(e(P, 768), e(P, 384)); moe.situ_mul(e(B, 6016)[:, 4480:], e(B, 768))
     moe.moe_weighted_sum(e(P, 3584), w, e(B, 3584))
+    moe.moe_grouped_gemm(e(P, 384), e(896, 3584, 384), *al, e(B, 3584, dt=F32), x_is_per_token=False,
+                         sum_weights=w)  # variant moe_down_atomic
     moe.moe_weighted_sum_norm(e(P, 3584), w, e(3584), e(B, 3584))  # variant moe_sum_norm_fused
     if B == 1:  # variant moe_down_mixed (and with situ_fused, from gate|up)
         moe.moe_down_mix(e(P, 384), e(896, 3584, 384), ids, w, e(B, 3584))

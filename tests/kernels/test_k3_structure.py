@@ -152,6 +152,7 @@ def test_baseline_counts():
     ("moe_tail_mma", 0),                # moe_tail_fused's kernel, other code inside (needs it)
     ("linear_gluon", 0),                # needs triton_linear's GEMMs (below)
     ("linear_ws", 0),                   # needs linear_gluon's (below)
+    ("moe_down_atomic", -92),           # the weighted sum, added by the down GEMM (B = 1)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -308,8 +309,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
         if seg.family == "moe" and P.sum_norm_fuses(cfg, v):
             ops.append(P.LATENT_NORM)  # in the weighted sum's program
-        if seg.family == "moe" and P.down_mixes(cfg, v):
-            ops.append(P.WEIGHTED_SUM)  # in the down GEMM's program
+        if seg.family == "moe" and (P.down_mixes(cfg, v) or P.down_sums(cfg, v)):
+            ops.append(P.WEIGHTED_SUM)  # in the down GEMM's program (mixed, or added atomically)
         if seg.family == "kda" and P.kda_conv_fuses(cfg, v):
             ops.append(P.CONV)  # inside kda_step
         if P.X_PROJ in ops:  # mla_proj_merged: x's three projections in one GEMM
@@ -364,6 +365,19 @@ def test_moe_sum_norm_fused_applies_up_to_b16_and_alone():
         assert P.build_plan(cfg, parse("moe_sum_norm_fused")).triton_kernels - P.build_plan(cfg).triton_kernels == delta
     for other in ("triton_linear+latent_norm_folded", "triton_linear+moe_tail_fused"):
         assert P.build_plan(FULL, parse(f"{other}+moe_sum_norm_fused")).segments == P.build_plan(FULL, parse(other)).segments
+
+
+def test_moe_down_atomic_applies_at_b1_where_no_other_tail_takes_the_sum():
+    """B = 1 only; the down GEMM keeps its kernel and grid, the weighted sum goes and the norm
+    stays; with the tails that read the expert rows or form the sum otherwise, nothing changes."""
+    for B, delta in ((1, -92), (8, 0), (64, 0)):
+        cfg = FULL.with_(batch=B)
+        assert P.build_plan(cfg, parse("moe_down_atomic")).triton_kernels - P.build_plan(cfg).triton_kernels == delta
+    names = P.build_plan(FULL, parse("moe_down_atomic")).triton_kernel_names()
+    assert (P.build_plan(FULL).triton_kernel_names() - names) == Counter({"moe_weighted_sum_kernel": 92})
+    for other in ("triton_linear+latent_norm_folded", "triton_linear+moe_tail_fused", "moe_down_mixed",
+                  "moe_sum_norm_fused"):
+        assert P.build_plan(FULL, parse(f"{other}+moe_down_atomic")).segments == P.build_plan(FULL, parse(other)).segments
 
 
 def test_moe_down_mixed_applies_at_b1_and_before_the_sum_norm():

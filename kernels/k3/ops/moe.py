@@ -397,8 +397,9 @@ def _situ(g, u):
 
 @triton.jit
 def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs, out,
-                            N, K, stride_x, stride_we, stride_wn, stride_out,
+                            N, K, stride_x, stride_we, stride_wn, stride_out, sum_w, stride_sum,
                             TOP_K: tl.constexpr, X_PER_TOKEN: tl.constexpr, ACT_IN: tl.constexpr,
+                            SUM_OUT: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
                             USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
@@ -437,8 +438,16 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
                 else:
                     xt = tl.load(x_rows + ks[None, :], mask=xm, other=0.0)
                 acc = dot(wt, tl.trans(xt), acc, DOT_F32)
-            tl.store(out + pair.to(tl.int64)[None, :] * stride_out + ns[:, None],
-                     to_dtype(acc, out.dtype.element_ty), mask=nm[:, None] & mm[None, :])
+            if SUM_OUT:
+                # Variant moe_down_atomic: out is the fp32 [B, N] weighted sum; each pair adds
+                # its row times its router weight (written several kernels ago) into its token's.
+                pw = tl.load(sum_w + pair, mask=mm, other=0.0)
+                tok = (pair // TOP_K).to(tl.int64)
+                tl.atomic_add(out + tok[None, :] * stride_sum + ns[:, None], acc * pw[None, :],
+                              mask=nm[:, None] & mm[None, :], sem="relaxed")
+            else:
+                tl.store(out + pair.to(tl.int64)[None, :] * stride_out + ns[:, None],
+                         to_dtype(acc, out.dtype.element_ty), mask=nm[:, None] & mm[None, :])
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
 
@@ -446,25 +455,36 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
 def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor,
                      seg_expert: torch.Tensor, seg_start: torch.Tensor, num_segs: torch.Tensor,
                      out: torch.Tensor, *, top_k: int = 16, x_is_per_token: bool = True,
-                     act_in: bool = False, block_n: int = 64, block_k: int = 128, num_warps: int = 4,
-                     num_stages: int = 4, delay_ns: int = 0) -> torch.Tensor:
+                     act_in: bool = False, sum_weights: torch.Tensor | None = None, block_n: int = 64,
+                     block_k: int = 128, num_warps: int = 4, num_stages: int = 4,
+                     delay_ns: int = 0) -> torch.Tensor:
     """out[pair] = x[pair // top_k if x_is_per_token else pair] @ w[expert(pair)].T.
 
     w is the expert bank [E, N, K] (K contiguous). Grid (G, cdiv(N, block_n)) with
     G = seg_expert.shape[0]; programs of segments past num_segs exit at once.
     act_in=True (variant situ_fused): x is the [P, 2K] gate|up output and the GEMM reads
-    situ_mul(x) (the same bf16 values) without the separate launch."""
+    situ_mul(x) (the same bf16 values) without the separate launch.
+    sum_weights [B, top_k] fp32 (variant moe_down_atomic, the down GEMM): out is fp32 [B, N],
+    zero on entry, and out[b] += sum_k sum_weights[b, k] * (row of pair b * top_k + k) by
+    atomic adds: moe_weighted_sum's result unrounded, its launch gone; the order of the adds
+    varies, so the last bits do from run to run."""
     _, N, K = w.shape
     P = sorted_pairs.shape[0]
     G = seg_expert.shape[0]
     assert w.stride(2) == 1 and x.stride(1) == 1 and x.shape[1] == (2 * K if act_in else K)
-    assert out.shape == (P, N) and out.stride(1) == 1
+    if sum_weights is None:
+        assert out.shape == (P, N) and out.stride(1) == 1
+    else:
+        assert sum_weights.shape == (P // top_k, top_k) and sum_weights.is_contiguous()
+        assert sum_weights.dtype == out.dtype == torch.float32 and out.shape == (P // top_k, N) and out.stride(1) == 1
     assert x.shape[0] * (top_k if x_is_per_token else 1) == P
     BLOCK_N = max(16, min(block_n, next_pow2(N)))
     BLOCK_K = max(16, min(block_k, next_pow2(K)))
     launch(moe_grouped_gemm_kernel, (G, cdiv(N, BLOCK_N)), x, w, sorted_pairs, seg_expert,
            seg_start, num_segs, out, N, K, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
-           TOP_K=top_k, X_PER_TOKEN=x_is_per_token, ACT_IN=act_in, BLOCK_M=16, BLOCK_N=BLOCK_N,
+           out if sum_weights is None else sum_weights, out.stride(0),
+           TOP_K=top_k, X_PER_TOKEN=x_is_per_token, ACT_IN=act_in, SUM_OUT=sum_weights is not None,
+           BLOCK_M=16, BLOCK_N=BLOCK_N,
            BLOCK_K=BLOCK_K, EVEN_N=N % BLOCK_N == 0, EVEN_K=K % BLOCK_K == 0, DOT_F32=DOT_F32,
            num_warps=num_warps, num_stages=num_stages, delay_ns=delay_ns)
     return out
