@@ -727,6 +727,66 @@ def moe_down(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def moe_hops(B: int, calls: int) -> dict[str, float]:
+    """Variants moe_down_atomic and situ_in_gate_up at the K3 routed shapes, one token: the
+    chain from the gate|up GEMM to the latent norm as the step runs it (early triggers), in
+    four forms: as c49 (gate|up GEMM -> situ_mul -> down GEMM -> weighted sum -> norm), with
+    the down GEMM's atomic sum (the sum's launch gone), with SiTU in the gate|up epilogue
+    (situ_mul's gone), and both; back to back and one call at a time, each call routed to
+    another draw of 16 experts (132 MB of weights)."""
+    from kernels.k3.ops import moe, norm
+    from kernels.k3.ops.common import early_trigger
+
+    if B != 1:
+        return {}
+    g = torch.Generator(device="cuda").manual_seed(31)
+    E, H, I, top_k = 896, 3584, 384, 16
+    w13 = torch.randn(E, 2 * I, H, device="cuda", dtype=BF, generator=g) * H ** -0.5
+    w2 = torch.randn(E, H, I, device="cuda", dtype=BF, generator=g) * I ** -0.5
+    n = 16
+    aligned = []
+    for i in range(n):
+        ids = torch.randperm(E, generator=torch.Generator().manual_seed(90 + i))[:top_k].to("cuda", torch.int32)[None]
+        al = (torch.empty(top_k, device="cuda", dtype=torch.int32), torch.empty(top_k, device="cuda", dtype=torch.int32),
+              torch.empty(top_k + 1, device="cuda", dtype=torch.int32), torch.empty(1, device="cuda", dtype=torch.int32))
+        moe.moe_align(ids, E, *al)
+        aligned.append(al)
+    x = torch.randn(1, H, device="cuda", dtype=BF, generator=g)
+    tw = torch.rand(1, top_k, device="cuda", generator=g)
+    gamma = torch.randn(H, device="cuda", dtype=BF, generator=g)
+    gu = torch.empty(top_k, 2 * I, device="cuda", dtype=BF)
+    h = torch.empty(top_k, I, device="cuda", dtype=BF)
+    y = torch.empty(top_k, H, device="cuda", dtype=BF)
+    lat, lat_n = torch.empty(1, H, device="cuda", dtype=BF), torch.empty(1, H, device="cuda", dtype=BF)
+    acc = torch.zeros(1, H, device="cuda", dtype=torch.float32)
+
+    def chain(i, atomic, act_out):
+        al = aligned[i % n]
+        if act_out:
+            moe.moe_grouped_gemm(x, w13, *al, h, top_k=top_k, act_out=True)
+        else:
+            moe.moe_grouped_gemm(x, w13, *al, gu, top_k=top_k)
+            moe.situ_mul(gu, h)
+        if atomic:
+            moe.moe_grouped_gemm(h, w2, *al, acc, top_k=top_k, x_is_per_token=False, sum_weights=tw)
+            norm.rmsnorm(acc, gamma, lat_n, clear_input=True)
+        else:
+            moe.moe_grouped_gemm(h, w2, *al, y, top_k=top_k, x_is_per_token=False)
+            moe.moe_weighted_sum(y, tw, lat)
+            norm.rmsnorm(lat, gamma, lat_n)
+
+    res = {}
+    with early_trigger():
+        for tag, atomic, act_out in (("c49", False, False), ("moe_down_atomic", True, False),
+                                     ("situ_in_gate_up", False, True), ("both", True, True)):
+            res[f"gate|up -> norm, {tag}, back to back"] = per_call_us(lambda i, a=atomic, o=act_out: chain(i, a, o),
+                                                                     calls)
+            res[f"gate|up -> norm, {tag}, one call"] = single_call_us(lambda i, a=atomic, o=act_out: chain(i, a, o), n)
+    del w13, w2
+    torch.cuda.empty_cache()
+    return res
+
+
 def _copies(nbytes: int) -> int:
     return max(2, -(-240_000_000 // nbytes))  # > 4x the L2 in flight across the calls
 
@@ -911,7 +971,8 @@ def main() -> int:
             "linear_tma": lambda: linear_tma(B, args.calls), "moe_down_mixed": lambda: moe_down(B, args.calls),
             "linear_prefetch": lambda: prefetch_chains(B, args.calls),
             "linear_gluon": lambda: linear_gluon(B, args.calls),
-            "linear_ws": lambda: linear_ws(B, args.calls)}
+            "linear_ws": lambda: linear_ws(B, args.calls),
+            "moe_hops": lambda: moe_hops(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

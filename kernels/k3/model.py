@@ -741,11 +741,12 @@ class K3Decode:
                 self._route(l, w, s.front[:, slice(*sl["router"])])
             elif not in_front:  # in front: routed inside the front's own launch
                 self._join(router)
-            self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg, s.expert_gu,
-                         top_k=cfg.top_k, x_is_per_token=True)
+            acts = P.gate_up_acts(cfg, v)  # then the GEMM stores h = SiTU(gate, up) itself
+            self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg,
+                         s.expert_h if acts else s.expert_gu, top_k=cfg.top_k, x_is_per_token=True, act_out=acts)
             mixed = P.down_mixes(cfg, v)
             if mixed:  # the down GEMM forms the weighted sum (with situ_fused, from gate|up)
-                if not v.situ_fused:
+                if not v.situ_fused and not acts:
                     self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_down_mix, s.expert_gu if v.situ_fused else s.expert_h,
                              w.w2, s.topk_ids[l], weights, s.routed_lat, act_in=v.situ_fused)
@@ -753,11 +754,13 @@ class K3Decode:
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_gu, w.w2, *seg, s.expert_y,
                              top_k=cfg.top_k, x_is_per_token=False, act_in=True)
             elif P.down_sums(cfg, v):  # the down GEMM adds the weighted sum into routed_sum
-                self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
+                if not acts:
+                    self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.routed_sum,
                              top_k=cfg.top_k, x_is_per_token=False, sum_weights=weights)
             else:
-                self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
+                if not acts:
+                    self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.expert_y,
                              top_k=cfg.top_k, x_is_per_token=False)
             self._prefetch_leg(w.up_g if P.latent_norm_folds(cfg, v) else w.up)  # during the sum and norm

@@ -416,6 +416,14 @@ def down_sums(cfg: K3Config, v: Variant) -> bool:
             and not latent_norm_folds(cfg, v) and not down_mixes(cfg, v) and not sum_norm_fuses(cfg, v))
 
 
+def gate_up_acts(cfg: K3Config, v: Variant) -> bool:
+    """situ_in_gate_up: at B = 1 the routed gate|up GEMM takes each gate row with its up row
+    in one tile and stores SiTU of the pair (bit for bit situ_mul's h), so the routed
+    situ_mul's launch and its dependent hop go. Not with situ_fused (its down GEMM reads
+    gate|up)."""
+    return v.situ_in_gate_up and cfg.batch == 1 and not v.situ_fused
+
+
 def _moe_tail(cfg: K3Config, v: Variant) -> list[Item]:
     """Weighted sum -> latent RMSNorm -> up GEMM, or one of the variants that fuse them."""
     if moe_tail_fuses(cfg, v):
@@ -449,7 +457,7 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     return [
         *head,
         _t(EXPERT_GATE_UP, MAIN, "moe_grouped_gemm"),
-        *([] if v.situ_fused else [_t(EXPERT_ACT, MAIN, "situ_mul")]),
+        *([] if v.situ_fused or gate_up_acts(cfg, v) else [_t(EXPERT_ACT, MAIN, "situ_mul")]),
         _t(EXPERT_DOWN, MAIN, "moe_down_mix" if down_mixes(cfg, v) else "moe_grouped_gemm"),
         *prefetch_leg(v),  # the up GEMM's weight, during the weighted sum and the norm
         *_moe_tail(cfg, v),

@@ -57,6 +57,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "linear_gluon": ("linear_gluon", True),                # B = 1: the KDA o_proj as the Gluon GEMM
     "linear_ws": ("linear_ws", True),                      # linear_gluon's GEMMs warp-specialized (loader warp)
     "moe_down_atomic": ("moe_down_atomic", True),          # B = 1: the down GEMM adds the weighted sum atomically
+    "situ_in_gate_up": ("situ_in_gate_up", True),          # B = 1: the routed SiTU in the gate|up GEMM's epilogue
 }
 
 DELAY_PREFIX = "delay"
@@ -116,6 +117,8 @@ class Variant:
                                      # loader warp streams every slot, never waiting for the PDL producer)
     moe_down_atomic: bool = False    # B = 1: the routed down GEMM adds each expert row times its weight into
                                      # an fp32 latent (atomics), the norm reads and clears it: no weighted sum
+    situ_in_gate_up: bool = False    # B = 1: the routed gate|up GEMM tiles gate rows with their up rows and
+                                     # stores SiTU of them: no routed situ_mul launch
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

@@ -163,6 +163,11 @@ C50=$C49+linear_ws
 # atomic adds on its own grid, the latent norm reads and clears it (moe_down_atomic): the
 # weighted sum's launch and hop go (moe_down_mixed lost by its 112-program grid).
 C51=$C49+moe_down_atomic
+# -0.05 ms unprofiled, -34 us in k3trace diff (band 6; campaign31). The routed SiTU next: the
+# gate|up GEMM takes each gate row with its up row in one tile and stores SiTU of them
+# (situ_in_gate_up, bit for bit situ_mul's h): situ_mul's launch and hop go (situ_fused, the
+# other side of the same hop, lost by its per-K-block SiTU in the down GEMM's operand).
+C52=$C51+situ_in_gate_up
 
 case $phase in
 campaign_test)
@@ -500,6 +505,16 @@ campaign31)  # moe_down_atomic: its op and model GPU tests; C49 / C51 in the ste
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C49 $C51 $C49 $C51 $C49 $C51 \
     --json $OUT/step31.json 2>&1 | grep "B="
   bash $0 record_ab c49 c51 ;;
+campaign32)  # situ_in_gate_up: op, bitwise and model GPU tests; the standalone chain; C49 / C51 / C52 (3 rounds); record_ab c51 c52 (carry .nsys)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k "situ_in_gate_up or moe_down_atomic" 2>&1 \
+    | tee $OUT/gpu32_ops.log | tail -2
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "gate_up and not 64" 2>&1 \
+    | tee $OUT/gpu32.log | tail -2
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases moe_hops --json $OUT/ops32_b1.json 2>&1 \
+    | tee $OUT/ops32_b1.log | tail -12
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C49 $C51 $C52 $C49 $C51 $C52 $C49 $C51 $C52 \
+    --json $OUT/step32.json 2>&1 | grep "B="
+  bash $0 record_ab c51 c52 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 

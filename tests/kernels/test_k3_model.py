@@ -78,6 +78,8 @@ GLUON = f"{C44}+linear_gluon"
 WS = f"{GLUON}+linear_ws"
 #: c49 with the down GEMM adding the weighted sum atomically (variant moe_down_atomic).
 DOWN_ATOMIC = f"{GLUON}+moe_down_atomic"
+#: and with the routed SiTU in the gate|up GEMM's epilogue (variant situ_in_gate_up).
+SITU_GATE_UP = f"{DOWN_ATOMIC}+situ_in_gate_up"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -284,6 +286,7 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
                                                                            ("triton_linear+latent_norm_folded", 1),
                                                                            ("moe_down_mixed", 1), ("situ_fused+moe_down_mixed", 1),
                                                                            ("moe_down_atomic", 1), ("triton_linear+moe_down_atomic", 1),
+                                                                           ("situ_in_gate_up", 1), ("moe_down_atomic+situ_in_gate_up", 1),
                                                                            ("attn_res_one_pass", 1), (ONE_PASS, 1)])
 def test_campaign_variants_near_baseline(name, batch):
     # router_fork forks at B = 1 only; B = 2 keeps the baseline head.
@@ -412,7 +415,8 @@ def test_gpu_side_priority_raises_the_side_streams():
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
-                                  "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC])
+                                  "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
+                                  SITU_GATE_UP])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -434,7 +438,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
-@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC])
+@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()
@@ -520,6 +524,14 @@ def test_gpu_c24_variants_bitwise(batch):
     for extra in ("pdl_trigger_first", "linear_prefetch:16", "linear_prefetch:16+pdl_trigger_first",
                   "linear_tma_x"):
         assert_same(base, gpu_replay_outputs(batch, f"{C24}+{extra}", steps=3))
+
+
+@gpu
+@needs_cuda
+def test_gpu_situ_in_gate_up_bitwise():
+    # The same h from one kernel instead of two: c49's replayed outputs bit for bit (c49, not
+    # DOWN_ATOMIC, whose atomic sums vary in their last bits from run to run).
+    assert_same(gpu_replay_outputs(1, GLUON, steps=3), gpu_replay_outputs(1, f"{GLUON}+situ_in_gate_up", steps=3))
 
 
 @cpu

@@ -770,6 +770,32 @@ def test_moe_down_atomic(B, E, K, N, KD):
     exact(out, copy_out)
 
 
+@pytest.mark.parametrize("B,E,K,N,KD", [
+    (1, 32, 4, 96, 160),    # masked K tail; 48 h columns: the last tile half full
+    (3, 16, 4, 64, 128),    # three tokens sharing experts
+    (1, 64, 16, 768, 384),  # top-16 of 64 at the K3 gate|up width (384 + 384)
+])
+def test_situ_in_gate_up_is_the_pair(B, E, K, N, KD):
+    """Variant situ_in_gate_up: the gate|up GEMM storing SiTU of each gate row with its up
+    row gives grouped GEMM -> situ_mul's h bit for bit (the product rounded to bf16 before
+    SiTU, as situ_mul reads it)."""
+    g = gen(29)
+    ids = _random_ids(B, E, K, 29)
+    w = randn(g, E, N, KD, scale=KD ** -0.5)
+    x = randn(g, B, KD)
+    P, G = B * K, min(B * K, E)
+    al = (torch.empty(P, device=DEV, dtype=I32), torch.empty(G, device=DEV, dtype=I32),
+          torch.empty(G + 1, device=DEV, dtype=I32), torch.empty(1, device=DEV, dtype=I32))
+    moe.moe_align(ids, E, *al)
+    gu = torch.empty(P, N, device=DEV, dtype=BF)
+    pair, fused = (torch.full((P, N // 2), float("nan"), device=DEV, dtype=BF) for _ in range(2))
+    moe.moe_grouped_gemm(x, w, *al, gu, top_k=K)
+    moe.situ_mul(gu, pair)
+    moe.moe_grouped_gemm(x, w, *al, fused, top_k=K, act_out=True)
+    exact(fused, pair)
+    close(fused, R.ref_situ_mul(R.ref_moe_grouped_gemm(x, w, ids)), atol=3e-2, rtol=3e-2)
+
+
 def test_delay_ns_is_accepted():
     """Every launcher takes delay_ns; the interpreter forces it to 0 (no globaltimer)."""
     g = gen(18)
@@ -922,6 +948,7 @@ for B in (1, 8, 64):
     moe.moe_weighted_sum(e(P, 3584), w, e(B, 3584))
     moe.moe_grouped_gemm(e(P, 384), e(896, 3584, 384), *al, e(B, 3584, dt=F32), x_is_per_token=False,
                          sum_weights=w)  # variant moe_down_atomic
+    moe.moe_grouped_gemm(e(B, 6016)[:, 896:4480], e(896, 768, 3584), *al, e(P, 384), act_out=True)  # situ_in_gate_up
     moe.moe_weighted_sum_norm(e(P, 3584), w, e(3584), e(B, 3584))  # variant moe_sum_norm_fused
     if B == 1:  # variant moe_down_mixed (and with situ_fused, from gate|up)
         moe.moe_down_mix(e(P, 384), e(896, 3584, 384), ids, w, e(B, 3584))

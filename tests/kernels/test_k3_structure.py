@@ -153,6 +153,7 @@ def test_baseline_counts():
     ("linear_gluon", 0),                # needs triton_linear's GEMMs (below)
     ("linear_ws", 0),                   # needs linear_gluon's (below)
     ("moe_down_atomic", -92),           # the weighted sum, added by the down GEMM (B = 1)
+    ("situ_in_gate_up", -92),           # the routed SiTU, in the gate|up GEMM's epilogue (B = 1)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -307,6 +308,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.ADD3 if seg.family == "moe" else P.RESIDUAL_ADD)  # in the next score
         if seg.family == "moe" and v.situ_fused:
             ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
+        if seg.family == "moe" and P.gate_up_acts(cfg, v):
+            ops.append(P.EXPERT_ACT)  # in the gate|up GEMM's epilogue
         if seg.family == "moe" and P.sum_norm_fuses(cfg, v):
             ops.append(P.LATENT_NORM)  # in the weighted sum's program
         if seg.family == "moe" and (P.down_mixes(cfg, v) or P.down_sums(cfg, v)):
@@ -378,6 +381,15 @@ def test_moe_down_atomic_applies_at_b1_where_no_other_tail_takes_the_sum():
     for other in ("triton_linear+latent_norm_folded", "triton_linear+moe_tail_fused", "moe_down_mixed",
                   "moe_sum_norm_fused"):
         assert P.build_plan(FULL, parse(f"{other}+moe_down_atomic")).segments == P.build_plan(FULL, parse(other)).segments
+
+
+def test_situ_in_gate_up_applies_at_b1_without_situ_fused():
+    for B, delta in ((1, -92), (8, 0), (64, 0)):
+        cfg = FULL.with_(batch=B)
+        assert P.build_plan(cfg, parse("situ_in_gate_up")).triton_kernels - P.build_plan(cfg).triton_kernels == delta
+    names = P.build_plan(FULL, parse("situ_in_gate_up")).triton_kernel_names()
+    assert (P.build_plan(FULL).triton_kernel_names() - names) == Counter({"situ_mul_kernel": 92})  # the shared one stays
+    assert P.build_plan(FULL, parse("situ_fused+situ_in_gate_up")).segments == P.build_plan(FULL, parse("situ_fused")).segments
 
 
 def test_moe_down_mixed_applies_at_b1_and_before_the_sum_norm():

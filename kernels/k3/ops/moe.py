@@ -399,13 +399,23 @@ def _situ(g, u):
 def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs, out,
                             N, K, stride_x, stride_we, stride_wn, stride_out, sum_w, stride_sum,
                             TOP_K: tl.constexpr, X_PER_TOKEN: tl.constexpr, ACT_IN: tl.constexpr,
-                            SUM_OUT: tl.constexpr,
+                            SUM_OUT: tl.constexpr, ACT_OUT: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
                             USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     g = tl.program_id(0)
-    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nm = ns < N
+    if ACT_OUT:
+        # Variant situ_in_gate_up: w's N rows are gate | up; the tile takes BLOCK_N / 2 gate rows
+        # and the matching up rows, interleaved (even: gate, odd: up), so that the epilogue
+        # holds both halves of its outputs and stores SiTU of them ([P, N / 2]).
+        HALF: tl.constexpr = BLOCK_N // 2
+        i = tl.arange(0, BLOCK_N)
+        hc = tl.program_id(1) * HALF + i // 2
+        ns = (i % 2) * (N // 2) + hc
+        nm = hc < N // 2
+    else:
+        ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = ns < N
     kr = tl.arange(0, BLOCK_K)
     pdl_wait(USE_PDL)  # which expert is the producer's output: nothing to prefetch
     if g < tl.load(num_segs):
@@ -438,7 +448,15 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
                 else:
                     xt = tl.load(x_rows + ks[None, :], mask=xm, other=0.0)
                 acc = dot(wt, tl.trans(xt), acc, DOT_F32)
-            if SUM_OUT:
+            if ACT_OUT:
+                # Rounded to the stored dtype first, as situ_mul reads gate|up: the same h.
+                g_u = tl.permute(tl.reshape(to_dtype(acc, out.dtype.element_ty).to(tl.float32),
+                                            [HALF, 2, BLOCK_M]), [0, 2, 1])
+                gate, up = tl.split(g_u)
+                hs = tl.program_id(1) * HALF + tl.arange(0, HALF)
+                tl.store(out + pair.to(tl.int64)[None, :] * stride_out + hs[:, None],
+                         to_dtype(_situ(gate, up), out.dtype.element_ty), mask=(hs < N // 2)[:, None] & mm[None, :])
+            elif SUM_OUT:
                 # Variant moe_down_atomic: out is the fp32 [B, N] weighted sum; each pair adds
                 # its row times its router weight (written several kernels ago) into its token's.
                 pw = tl.load(sum_w + pair, mask=mm, other=0.0)
@@ -455,7 +473,8 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
 def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor,
                      seg_expert: torch.Tensor, seg_start: torch.Tensor, num_segs: torch.Tensor,
                      out: torch.Tensor, *, top_k: int = 16, x_is_per_token: bool = True,
-                     act_in: bool = False, sum_weights: torch.Tensor | None = None, block_n: int = 64,
+                     act_in: bool = False, act_out: bool = False, sum_weights: torch.Tensor | None = None,
+                     block_n: int = 64,
                      block_k: int = 128, num_warps: int = 4, num_stages: int = 4,
                      delay_ns: int = 0) -> torch.Tensor:
     """out[pair] = x[pair // top_k if x_is_per_token else pair] @ w[expert(pair)].T.
@@ -467,12 +486,17 @@ def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tenso
     sum_weights [B, top_k] fp32 (variant moe_down_atomic, the down GEMM): out is fp32 [B, N],
     zero on entry, and out[b] += sum_k sum_weights[b, k] * (row of pair b * top_k + k) by
     atomic adds: moe_weighted_sum's result unrounded, its launch gone; the order of the adds
-    varies, so the last bits do from run to run."""
+    varies, so the last bits do from run to run.
+    act_out=True (variant situ_in_gate_up, the gate|up GEMM): out is [P, N / 2], situ_mul of
+    the [P, N] product, bit for bit, without situ_mul's launch."""
     _, N, K = w.shape
     P = sorted_pairs.shape[0]
     G = seg_expert.shape[0]
     assert w.stride(2) == 1 and x.stride(1) == 1 and x.shape[1] == (2 * K if act_in else K)
-    if sum_weights is None:
+    assert not (act_out and (act_in or sum_weights is not None)) and (not act_out or N % 2 == 0)
+    if act_out:
+        assert out.shape == (P, N // 2) and out.stride(1) == 1
+    elif sum_weights is None:
         assert out.shape == (P, N) and out.stride(1) == 1
     else:
         assert sum_weights.shape == (P // top_k, top_k) and sum_weights.is_contiguous()
@@ -483,7 +507,7 @@ def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tenso
     launch(moe_grouped_gemm_kernel, (G, cdiv(N, BLOCK_N)), x, w, sorted_pairs, seg_expert,
            seg_start, num_segs, out, N, K, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
            out if sum_weights is None else sum_weights, out.stride(0),
-           TOP_K=top_k, X_PER_TOKEN=x_is_per_token, ACT_IN=act_in, SUM_OUT=sum_weights is not None,
+           TOP_K=top_k, X_PER_TOKEN=x_is_per_token, ACT_IN=act_in, SUM_OUT=sum_weights is not None, ACT_OUT=act_out,
            BLOCK_M=16, BLOCK_N=BLOCK_N,
            BLOCK_K=BLOCK_K, EVEN_N=N % BLOCK_N == 0, EVEN_K=K % BLOCK_K == 0, DOT_F32=DOT_F32,
            num_warps=num_warps, num_stages=num_stages, delay_ns=delay_ns)
