@@ -168,6 +168,10 @@ C51=$C49+moe_down_atomic
 # (situ_in_gate_up, bit for bit situ_mul's h): situ_mul's launch and hop go (situ_fused, the
 # other side of the same hop, lost by its per-K-block SiTU in the down GEMM's operand).
 C52=$C51+situ_in_gate_up
+# +0.24 ms unprofiled, +354 us in k3trace diff (campaign32): the shared experts' cuBLAS down GEMM on
+# S1, which had run beside the routed down GEMM, now starts only once that GEMM has drained (its
+# CTAs, launched at the gate|up GEMM's trigger, hold the SMs) and lands beside the up GEMM (+4 us).
+# The campaign build is C51.
 
 case $phase in
 campaign_test)
@@ -515,6 +519,15 @@ campaign32)  # situ_in_gate_up: op, bitwise and model GPU tests; the standalone 
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C49 $C51 $C52 $C49 $C51 $C52 $C49 $C51 $C52 \
     --json $OUT/step32.json 2>&1 | grep "B="
   bash $0 record_ab c51 c52 ;;
+campaign32_final)  # after the tenth round's last kernel change: every GPU test but CuTe DSL's; C51 / C52 with side_priority; B = 8 C49 / C51
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C51 $C52+side_priority $C51+side_priority $C51 $C52+side_priority $C51+side_priority \
+    --json $OUT/step32f.json 2>&1 | grep "B="
+  timeout 60 python3 bench/bench_k3_step.py --batches 8 --variants $C49 $C51 --json $OUT/step32_b8.json 2>&1 | grep "B="
+  set -o pipefail
+  timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
+    tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
+    | tee $OUT/gpu32_all.log | tail -4 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 
