@@ -55,6 +55,9 @@ OWN_KERNELS = {
     "linear_tma": ("skinny_mm_kernel",),
     "linear_tma_x+linear_tma_tuned": ("skinny_mm_kernel",),
     "linear_gluon": ("skinny_mm_kernel", "skinny_gl_kernel"),
+    # The kernels the change edits: the down GEMM adds, the norm reads fp32 and clears.
+    "moe_down_atomic": ("moe_grouped_gemm_kernel", "rmsnorm_kernel"),
+    "situ_in_gate_up": ("moe_grouped_gemm_kernel",),
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).
