@@ -322,11 +322,12 @@ def _progress(label: str) -> Iterator:
             progress.stop()
 
 
-def analysis_of(path: Path, cfg: Config, env: Environment, donor=None):
+def analysis_of(path: Path, cfg: Config, env: Environment, donor=None, for_diff: bool = False):
     from k3trace.analyses import analyze_report
 
     with _progress(path.name) as update:
-        return analyze_report(path, cfg, cache_dir=env.cache_dir, tools=env.tools, progress=update, donor=donor)
+        return analyze_report(path, cfg, cache_dir=env.cache_dir, tools=env.tools, progress=update, donor=donor,
+                              for_diff=for_diff)
 
 
 def donor_of(path: Path | None, cfg: Config, env: Environment):
@@ -344,18 +345,19 @@ def donor_of(path: Path | None, cfg: Config, env: Environment):
 
 
 def analyses_of(paths: tuple[Path, ...], cfg: Config, env: Environment, donor=None) -> list:
-    """Several reports analysed side by side in threads (polars and numpy release the GIL;
-    measured on the two full-depth K3 exports: 3.25 s against 3.53 s one after the other),
-    without progress spinners, which would write over each other."""
+    """The sides of a diff: several reports analysed side by side in threads (polars and
+    numpy release the GIL; measured on the two full-depth K3 exports: 3.25 s against 3.53 s
+    one after the other), without progress spinners, which would write over each other;
+    each without the parts a diff never reads (analyses.result.DIFF_OMITS)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from k3trace.analyses import analyze_report
 
     if len(paths) == 1:
-        return [analysis_of(paths[0], cfg, env, donor)]
+        return [analysis_of(paths[0], cfg, env, donor, for_diff=True)]
     with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 1, 4)) as pool:
-        return list(pool.map(lambda p: analyze_report(p, cfg, cache_dir=env.cache_dir, tools=env.tools, donor=donor),
-                             paths))
+        return list(pool.map(lambda p: analyze_report(p, cfg, cache_dir=env.cache_dir, tools=env.tools,
+                                                      donor=donor, for_diff=True), paths))
 
 
 def fail(exc: BaseException) -> None:

@@ -21,7 +21,7 @@ from k3trace.analyses import completeness, critical_path, families, kernels, lay
 from k3trace.analyses import steptimes, streams
 from k3trace.analyses import store
 from k3trace.analyses.overlap import step_overlap
-from k3trace.analyses.result import KERNEL_COLUMNS, PATH_COLUMNS, Analysis
+from k3trace.analyses.result import DIFF_OMITS, KERNEL_COLUMNS, PATH_COLUMNS, Analysis
 from k3trace.config import Config
 from k3trace.errors import ReportError
 from k3trace.ingest import Limits, Progress, Tools, Trace, detached, load_report, report_key
@@ -45,39 +45,50 @@ def _code_version() -> str:
 
 
 def analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None = None, tools: Tools = Tools(),
-                   progress: Progress = lambda _: None, donor: LabelDonor | None = None) -> Analysis:
+                   progress: Progress = lambda _: None, donor: LabelDonor | None = None,
+                   for_diff: bool = False) -> Analysis:
     """`analyze(load_report(path))`, reusing a cached result for the same report, config,
-    label donor and k3trace version."""
+    label donor and k3trace version. `for_diff`: as `analyze(..., for_diff=True)`; a cached
+    whole analysis serves too."""
     with _running():
-        return _analyze_report(path, cfg, cache_dir=cache_dir, tools=tools, progress=progress, donor=donor)
+        return _analyze_report(path, cfg, cache_dir=cache_dir, tools=tools, progress=progress, donor=donor,
+                               for_diff=for_diff)
 
 
 def _analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None, tools: Tools, progress: Progress,
-                    donor: LabelDonor | None) -> Analysis:
+                    donor: LabelDonor | None, for_diff: bool) -> Analysis:
     path = Path(path)
     limits = Limits(max_decompressed_bytes=cfg.max_decompressed_bytes, max_ratio=cfg.max_compression_ratio)
     if cache_dir is None or not path.exists():
         return analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg,
-                       donor=donor)
+                       donor=donor, for_diff=for_diff)
     lent = donor.digest() if donor is not None else "-"
     ident = f"{report_key(path)}|{cfg!r}|{lent}|{_code_version()}|{store.FORMAT}"
-    folder = cache_dir / "analyses" / hashlib.sha256(ident.encode()).hexdigest()[:24]
-    cached = store.load(folder)
-    if cached is not None:
-        progress("cached analysis")
-        return cached
+    whole_entry = _entry_folder(cache_dir, ident)
+    # A diff's analysis has an entry of its own: an `analyze` of the same report never
+    # finds it, and computes (and caches) the whole analysis; a diff takes either.
+    folder = _entry_folder(cache_dir, f"{ident}|for_diff") if for_diff else whole_entry
+    for entry in dict.fromkeys((whole_entry, folder)):
+        cached = store.load(entry)
+        if cached is not None:
+            progress("cached analysis")
+            return cached
     if detached.active():  # both entries go to the detached writer
         result = analyze(load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits), cfg,
-                         donor=donor)
+                         donor=donor, for_diff=for_diff)
         store.save(result, folder)
         return result
     # The trace's cache entry is written while the analysis runs, on the other core.
     with ThreadPoolExecutor(1) as writer:
         trace = load_report(path, cache_dir=cache_dir, tools=tools, progress=progress, limits=limits, writer=writer)
-        result = analyze(trace, cfg, donor=donor)
+        result = analyze(trace, cfg, donor=donor, for_diff=for_diff)
     progress("writing cache")
     _saves.save(result, folder)
     return result
+
+
+def _entry_folder(cache_dir: Path, ident: str) -> Path:
+    return cache_dir / "analyses" / hashlib.sha256(ident.encode()).hexdigest()[:24]
 
 
 class _Saves:
@@ -155,7 +166,9 @@ STABLE_COLUMNS = ("kernel_id", "step", "stream_id", "start", "end", "launch_star
                   "layer", "launch_rank", "segment")
 
 
-def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> Analysis:
+def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_diff: bool = False) -> Analysis:
+    """The report's analysis. `for_diff`: without the parts a diff never reads (DIFF_OMITS:
+    None, named in `omitted`); every other field is the same."""
     if trace.kernels.is_empty():
         raise ReportError(f"{trace.source}: the report holds no kernel records",
                           "record GPU work with `nsys profile -t cuda,nvtx --cuda-graph-trace=node`")
@@ -192,17 +205,21 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
     # diff's two sides fill the cores already). The smaller pieces, which need neither
     # side's results, go to whichever side is free first (which one that is depends on the
     # trace and on the machine's load).
+    whole = not for_diff
     extras = _Tasks({
         "checked": lambda: completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source),
         "windows": lambda: pre_attention.windows(stable_kernels, cfg),
-        "pdl_steps": lambda: pdl.per_step(pdl.same_stream_pairs(stable_kernels, cfg, named=False)),
+        **({"pdl_steps": lambda: pdl.per_step(pdl.same_stream_pairs(stable_kernels, cfg, named=False))}
+           if whole else {}),
     })
     with ThreadPoolExecutor(1) as side:
-        spreading = (side.submit(extras.after, overlap_metrics, stable_kernels, steps, n)
+        spreading = (side.submit(extras.after, overlap_metrics, stable_kernels, steps, n, whole)
                      if _running.alone() else None)
-        on_path = extras.after(path_metrics, stable_kernels, labelled, steps, cfg)
-        spread = extras.after(overlap_metrics, stable_kernels, steps, n) if spreading is None else spreading.result()
-    checked, windows, pdl_steps = extras.result("checked"), extras.result("windows"), extras.result("pdl_steps")
+        on_path = extras.after(path_metrics, stable_kernels, labelled, steps, cfg, whole)
+        spread = (extras.after(overlap_metrics, stable_kernels, steps, n, whole) if spreading is None
+                  else spreading.result())
+    checked, windows = extras.result("checked"), extras.result("windows")
+    pdl_steps = extras.result("pdl_steps") if whole else None
     notes = []
     if assignment.other_lanes:
         notes.append(f"analysed process {assignment.lane[0]} on device {assignment.lane[1]}; "
@@ -213,12 +230,12 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
     notes.extend(label_notes(summary))
     path, graph, step_times = on_path.path, on_path.graph, spread.step_times
     family_rows = spread.families.join(on_path.by_family, on="family", how="left")
-    layer_rows = layers.layer_table(spread.layers, on_path.layer_critical)
+    layer_rows = layers.layer_table(spread.layers, on_path.layer_critical) if whole else None
     kernel_rows = (
         spread.kernels
         .join(on_path.by_kernel, on=["name", "family"], how="left")
         .join(on_path.slack, on=["name", "family"], how="left")
-    )
+    ) if whole else None
     dropped = steps.filter(~pl.col("stable")).group_by("drop_reason").len()
     return Analysis(
         report=trace.source,
@@ -244,9 +261,10 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None) -> An
         step_stats={col: steptimes.quantiles_us(step_times[col])
                     for col in ("period", "span", "host", "busy", "residency")},
         pre_attention_summary=pre_attention.summary(windows),
-        pdl_summary=pdl.summary(pdl_steps),
+        pdl_summary=pdl.summary(pdl_steps) if whole else None,
         dropped={str(r): int(c) for r, c in dropped.iter_rows()},
         notes=tuple(notes),
+        omitted=() if whole else DIFF_OMITS,
     )
 
 
@@ -278,16 +296,18 @@ _running = _Running()
 class PathMetrics:
     path: pl.DataFrame          # stable-step kernels with their edges, on_path, critical/bubble time
     graph: stepgraph.StepGraph
-    slack: pl.DataFrame         # name, family, slack_us
     by_family: pl.DataFrame     # family, critical_us
-    by_kernel: pl.DataFrame     # name, family, critical_us
-    path_steps: pl.DataFrame
-    layer_critical: pl.DataFrame  # step, layer, critical_ns
+    # Those below are None for a diff (the parts of DIFF_OMITS they go into).
+    slack: pl.DataFrame | None        # name, family, slack_us
+    by_kernel: pl.DataFrame | None    # name, family, critical_us
+    path_steps: pl.DataFrame | None
+    layer_critical: pl.DataFrame | None  # step, layer, critical_ns
 
 
 def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl.DataFrame,
-                 cfg: Config) -> PathMetrics:
-    """The critical path of every stable step and the representative step's graph."""
+                 cfg: Config, whole: bool = True) -> PathMetrics:
+    """The critical path of every stable step and the representative step's graph
+    (`whole=False`: without what only the kernel, layer and path-step tables read)."""
     edges = critical_path.dependency_edges(stable_kernels, cfg)
     # Its numpy scans leave their freed arrays resident in malloc's heap (at 2.2M kernels
     # 300 MB more at the peak, which comes while the other side still runs).
@@ -306,15 +326,16 @@ def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl
         graph = replace(graph, nodes=graph.nodes.join(roles.rows.select("kernel_id", "role"), on="kernel_id",
                                                       how="left"))
     slack = graph.nodes.with_columns(pl.Series("slack_ns", stepgraph.slack(graph))).group_by("name", "family").agg(
-        (pl.col("slack_ns").min() / 1e3).alias("slack_us"))
+        (pl.col("slack_ns").min() / 1e3).alias("slack_us")) if whole else None
     # The edge columns the graph was built from are not kept (peak memory).
     path = path.select(PATH_COLUMNS)
     # The path's rows are grouped once: the family and kernel medians start from the same
     # per-step sums (the second grouping and the uniques run over thousands of rows, not 373k).
     per = critical_path.per_step_kernel(path)
-    metrics = PathMetrics(path=path, graph=graph, slack=slack, by_family=critical_path.by_family(per),
-                          by_kernel=critical_path.by_kernel(per), path_steps=critical_path.per_step(path),
-                          layer_critical=layers.critical_per_step(path))
+    metrics = PathMetrics(path=path, graph=graph, by_family=critical_path.by_family(per), slack=slack,
+                          by_kernel=critical_path.by_kernel(per) if whole else None,
+                          path_steps=critical_path.per_step(path) if whole else None,
+                          layer_critical=layers.critical_per_step(path) if whole else None)
     heap.trim()
     return metrics
 
@@ -354,20 +375,24 @@ class _Tasks:
 
 @dataclass(frozen=True)
 class OverlapMetrics:
-    layers: layers.LayerSteps   # the layer table's per-step busy time and counts
     families: pl.DataFrame      # the family table, before its critical-path column
-    kernels: pl.DataFrame       # the kernel table, before its critical-path and slack columns
     step_times: pl.DataFrame
+    # None for a diff (DIFF_OMITS):
+    layers: layers.LayerSteps | None  # the layer table's per-step busy time and counts
+    kernels: pl.DataFrame | None      # the kernel table, before its critical-path and slack columns
 
 
-def overlap_metrics(stable_kernels: pl.DataFrame, steps: pl.DataFrame, n: int) -> OverlapMetrics:
+def overlap_metrics(stable_kernels: pl.DataFrame, steps: pl.DataFrame, n: int,
+                    whole: bool = True) -> OverlapMetrics:
     """What the stable steps' kernels and their overlap across streams give, path aside
-    (the layer table's part too: done here, it runs beside the path's work, not after)."""
+    (the layer table's part too: done here, it runs beside the path's work, not after;
+    `whole=False`: without the layer and kernel tables' parts)."""
     overlap = step_overlap(stable_kernels)
     heap.trim()  # as after the path's scans: the coverage's arrays
     return OverlapMetrics(
-        layers=layers.layer_steps(overlap), families=families.family_table(overlap, n),
-        kernels=kernels.kernel_table(overlap, n), step_times=steptimes.per_step(steps, overlap))
+        families=families.family_table(overlap, n), step_times=steptimes.per_step(steps, overlap),
+        layers=layers.layer_steps(overlap) if whole else None,
+        kernels=kernels.kernel_table(overlap, n) if whole else None)
 
 
 def label_notes(summary) -> list[str]:

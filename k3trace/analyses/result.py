@@ -20,6 +20,10 @@ KERNEL_COLUMNS = ("kernel_id", "start", "end", "stream_id", "correlation_id", "n
 #: Columns kept of the stable-step kernels with their dependency edges.
 PATH_COLUMNS = ("kernel_id", "step", "stream_id", "start", "end", "name", "family", "layer", "launch_rank",
                 "binding", "pdl", "pred", "release", "on_path", "critical_ns", "bubble_ns")
+#: The parts of an analysis that a diff never reads: it and its pages read the step times
+#: and quantiles, the family table, the graph, the path and kernels, the pre-attention
+#: windows and the completeness. The diff's analyses leave these out (`Analysis.omitted`).
+DIFF_OMITS = ("kernel_table", "layers", "path_steps", "pdl_steps", "pdl_summary")
 
 
 @dataclass(frozen=True)
@@ -34,22 +38,29 @@ class Analysis:
     kernels: pl.DataFrame          # every kernel of the analysed process, labelled (KERNEL_COLUMNS)
     step_times: pl.DataFrame       # stable steps: period, span, host, busy, residency
     families: pl.DataFrame
-    kernel_table: pl.DataFrame
+    kernel_table: pl.DataFrame | None  # None where omitted (DIFF_OMITS), as the four below
     pre_attention: pl.DataFrame    # per (step, full-attention layer)
-    pdl_steps: pl.DataFrame
+    pdl_steps: pl.DataFrame | None
     path: pl.DataFrame             # stable-step kernels: edges, on_path, critical/bubble (PATH_COLUMNS)
-    path_steps: pl.DataFrame       # per stable step: path kernels, bubbles, PDL edges on the path
+    path_steps: pl.DataFrame | None  # per stable step: path kernels, bubbles, PDL edges on the path
     graph: stepgraph.StepGraph     # the representative step's replayable dependency graph
     label_sources: dict[str, int]
     label_summary: LabelSummary
-    layers: pl.DataFrame           # per layer: index, families, kernels_per_step, device_busy_us, critical_us
+    layers: pl.DataFrame | None    # per layer: index, families, kernels_per_step, device_busy_us, critical_us
     step_range: dict[str, Any]     # the step-range form matched (`form`, null when none) and `ranges`
     completeness: Completeness
     step_stats: dict[str, dict[str, float | None]]   # period/span/host/busy/residency quantiles, us
     pre_attention_summary: dict[str, float | int] | None
-    pdl_summary: dict[str, float]
+    pdl_summary: dict[str, float] | None
     dropped: dict[str, int]                          # dropped steps by reason
     notes: tuple[str, ...] = field(default_factory=tuple)
+    omitted: tuple[str, ...] = ()                    # the fields left out (None): DIFF_OMITS for a diff's side
+
+    def _whole(self, what: str) -> None:
+        """A part that reads the omitted fields fails with a clear message, not a None's AttributeError."""
+        if self.omitted:
+            raise ValueError(f"{what} reads the whole analysis of {self.report}, and this one (made for a diff) "
+                             f"leaves out {', '.join(self.omitted)}")
 
     @property
     def stable_steps(self) -> int:
@@ -96,6 +107,7 @@ class Analysis:
         return per.group_by("layer").agg((pl.col("duration").median() / 1e3).alias("kernel_time_us")).sort("layer")
 
     def critical_summary(self) -> dict[str, Any]:
+        self._whole("critical_summary")
         ps = self.path_steps
         return {
             "kernels_on_path_median": float(ps["path_kernels"].median()),
@@ -106,6 +118,7 @@ class Analysis:
         }
 
     def to_json(self) -> dict[str, Any]:
+        self._whole("to_json")
         q = self.step_stats
         return {
             "version": JSON_VERSION,
