@@ -182,3 +182,29 @@ pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us"
                "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
                "largest_elsewhere": "; ".join(f"{k} {v:+.0f}" for k, _, v in d["elsewhere_top"])}
               for name, d in r9["diff"].items()])
+
+# %% [markdown]
+# ## Round ten: the warp-specialized Gluon GEMM, the MoE tail's two hops
+# Builds named from c49; each list's own c49 (or, in the last list, c51 = c49 +
+# moe_down_atomic) is its baseline. The k3trace diff rows come from pairs recorded in one call
+# (record_ab c49 c51, record_ab c51 c52).
+
+# %%
+r10 = full["round10"]
+runs10 = unprofiled_runs(r10)
+base10 = (runs10.filter(pl.col("build").is_in(["c49", "c49+moe_down_atomic"]))
+          .group_by("list", "batch", "build").agg(pl.col("step_ms").median())
+          .sort("build").group_by("list", "batch").agg(pl.col("step_ms").first().alias("base_ms"),
+                                                       pl.col("build").first().alias("base")))
+per_build(runs10).join(base10, on=["list", "batch"], how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("base_ms"))
+
+# %%
+pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
+               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
+               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
+              for name, d in r10["diff"].items()])
+
+# %%
+hops = r10["standalone_us"]["campaign32 (moe_hops case)"]
+pl.DataFrame([{"form": k.split(", ")[1], "mode": k.split(", ")[2], "us": v} for k, v in hops.items()]).pivot(
+    on="mode", index="form", values="us")

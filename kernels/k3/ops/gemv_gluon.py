@@ -235,7 +235,10 @@ def skinny_gl(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     return out
 
 
-#: Variant linear_ws: (block_n, block_k, consumer warps, stages, mma, maxnreg) per (K, N). The
+#: Variant linear_ws: (block_n, block_k, consumer warps, stages, mma, maxnreg) per (K, N). Slower
+#: than both other kernels in every form tried on the H200 (kernels/README.md, round 10): in the
+#: step +0.24 ms on the KDA o_proj (+0.10 with FMA consumers); alone the mma form ran the up GEMM
+#: 22.5 us back to back against Triton's 13.9, about 0.4 us of hand-off per K block. The
 #: loader is one more warp (a warp group of four as allocated); maxnreg caps the launch's
 #: registers per thread (the loader gives its share back to the consumers), so that a CTA can
 #: sit beside the previous kernel's on its SM under PDL. mma 1: the consumers multiply by
