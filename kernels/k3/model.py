@@ -131,6 +131,7 @@ class MoELayer:
     shared_down: torch.Tensor    # [768, H]
     # latent_norm_folded: diag(latent_norm) @ up, the norm's gamma folded into the weights.
     up_g: torch.Tensor | None = None
+    up_cat: torch.Tensor | None = None  # shared_in_up: [up ; shared_down], [latent + 768, H]
     # router_fork: the router columns of `front`, transposed ([896, H], each expert's K
     # contiguous) for the streaming GEMV; a copy, so every variant draws the same weights.
     router_t: torch.Tensor | None = None
@@ -200,7 +201,10 @@ class Scratch:
         self.router_logits = e(B, r1 - r0)
         self.front_rest = e(B, cfg.front_width - (r1 - r0))
         self.shared_h = e(B, cfg.shared_inter)
-        self.shared_out = e(B, H)
+        # Zero under shared_in_up, where the up GEMM's output holds the shared experts' too
+        # (the last layer's add3 still reads it).
+        self.shared_out = torch.zeros(B, H, device=device, dtype=BF16)
+        self.up_in = e(B, cfg.latent + cfg.shared_inter)  # shared_in_up: [normed latent | shared h]
         # Routing per layer (cheap; lets a test check every layer's selection).
         self.topk_ids = e(cfg.num_layers + 1, B, K, dtype=I32)
         self.topk_w = e(cfg.num_layers + 1, B, K, dtype=F32)
@@ -372,6 +376,8 @@ class K3Decode:
             shared_down=self._w(c.shared_inter, c.shared_inter, H))
         if P.latent_norm_folds(c, self.variant):
             layer.up_g = (layer.latent_norm.float()[:, None] * layer.up.float()).to(layer.up.dtype)
+        if P.shared_in_up(c, self.variant):  # the same weights, stacked along K
+            layer.up_cat = torch.cat([layer.up, layer.shared_down], dim=0)
         if P.router_forks(c, self.variant) and not P.router_in_front(c, self.variant):  # the GEMV's
             layer.router_t = layer.front[:, slice(*c.front_slices["router"])].t().contiguous()
         return layer
@@ -733,10 +739,13 @@ class K3Decode:
                 latent = s.front[:, slice(*sl["latent"])]
                 shared_gu = s.front[:, slice(*sl["shared"])]
                 self._mm(P.FRONT, s.x, w.front, s.front)
+            shares = P.shared_in_up(cfg, v)  # then the up GEMM takes the shared experts' down GEMM
+            lat_n = s.up_in[:, :cfg.latent] if shares else s.routed_lat_n
             shared = self._fork(P.AUX1)  # shared experts on S1 in every variant
             with self._on(shared):
-                self._triton(P.SHARED_ACT, situ_mul, shared_gu, s.shared_h)
-                self._mm(P.SHARED_DOWN, s.shared_h, w.shared_down, s.shared_out)
+                self._triton(P.SHARED_ACT, situ_mul, shared_gu, s.up_in[:, cfg.latent:] if shares else s.shared_h)
+                if not shares:
+                    self._mm(P.SHARED_DOWN, s.shared_h, w.shared_down, s.shared_out)
             if not P.router_forks(cfg, v):
                 self._route(l, w, s.front[:, slice(*sl["router"])])
             elif not in_front:  # in front: routed inside the front's own launch
@@ -776,9 +785,9 @@ class K3Decode:
                              cfg.norm_eps)
                 self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
             elif P.down_sums(cfg, v):
-                self._triton(P.LATENT_NORM, rmsnorm, s.routed_sum, w.latent_norm, s.routed_lat_n,
+                self._triton(P.LATENT_NORM, rmsnorm, s.routed_sum, w.latent_norm, lat_n,
                              cfg.norm_eps, clear_input=True)
-                self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
+                self._up(w, s, lat_n, shared, shares)
             elif P.latent_norm_folds(cfg, v):
                 self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
                              sumsq=s.lat_sumsq, **self._prefetch(w.up))
@@ -788,16 +797,26 @@ class K3Decode:
                 with trigger_first(v.pdl_trigger_first):  # the up GEMM launches during the sum
                     self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
                                  **self._prefetch(w.up))
-                    self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, s.routed_lat_n,
+                    self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, lat_n,
                                  cfg.norm_eps)
-                self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
-            self._join(shared)
+                self._up(w, s, lat_n, shared, shares)
+            if not shares:
+                self._join(shared)
             if P.mlp_output_folded(cfg, v, l):
-                self._mlp_out = (s.routed_out, s.shared_out)
+                self._mlp_out = (s.routed_out, None if shares else s.shared_out)
             else:
                 self._triton(P.ADD3, add3, self._partial(l), s.routed_out, s.shared_out)
             self._all_reduce()
             self._end_prefetch_leg(l)
+
+    def _up(self, w: MoELayer, s, lat_n: torch.Tensor, shared, shares: bool) -> None:
+        """The MoE up GEMM; under shared_in_up it reads [normed latent | shared h] (S1's output
+        too, so S1 joins first) against [up ; shared down]."""
+        if shares:
+            self._join(shared)
+            self._mm(P.UP, s.up_in, w.up_cat, s.routed_out)
+        else:
+            self._mm(P.UP, lat_n, w.up, s.routed_out)
 
     def _route(self, l: int, w: MoELayer, logits: torch.Tensor) -> None:
         """Top-k of the router logits, then the pairs grouped by expert."""

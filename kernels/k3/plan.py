@@ -424,14 +424,28 @@ def gate_up_acts(cfg: K3Config, v: Variant) -> bool:
     return v.situ_in_gate_up and cfg.batch == 1 and not v.situ_fused
 
 
+def shared_in_up(cfg: K3Config, v: Variant) -> bool:
+    """shared_in_up: at B = 1, where the up GEMM is the skinny Triton GEMM reading the latent
+    norm's output, it reads [normed latent | shared experts' h] against [up ; shared down]
+    stacked along K, so its output is the routed plus the shared experts' (one rounding), and
+    the shared experts' cuBLAS down GEMM on S1 goes; S1 joins main before the up GEMM. Not
+    with the tails that form the up GEMM's operand otherwise (moe_tail_fused,
+    latent_norm_folded, moe_sum_norm_fused, moe_down_mixed)."""
+    return (v.shared_in_up and cfg.batch == 1 and linear_is_triton(cfg, v, UP) and not moe_tail_fuses(cfg, v)
+            and not latent_norm_folds(cfg, v) and not sum_norm_fuses(cfg, v) and not down_mixes(cfg, v))
+
+
 def _moe_tail(cfg: K3Config, v: Variant) -> list[Item]:
     """Weighted sum -> latent RMSNorm -> up GEMM, or one of the variants that fuse them."""
     if moe_tail_fuses(cfg, v):
         return [_t(UP, MAIN, "skinny_mm_mixnorm")]
     if sum_norm_fuses(cfg, v):
         return [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum_norm"), _mm(UP, MAIN)]
-    if down_mixes(cfg, v) or down_sums(cfg, v):  # the sum was formed by the down GEMM
+    if down_mixes(cfg, v) or (down_sums(cfg, v) and not shared_in_up(cfg, v)):  # the down GEMM formed the sum
         return [_t(LATENT_NORM, MAIN, "rmsnorm"), _mm(UP, MAIN)]
+    if shared_in_up(cfg, v):  # the up GEMM reads S1's shared h too
+        head = [] if down_sums(cfg, v) else [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum")]
+        return [*head, _t(LATENT_NORM, MAIN, "rmsnorm"), Join(AUX1), _mm(UP, MAIN)]
     norm = [] if latent_norm_folds(cfg, v) else [_t(LATENT_NORM, MAIN, "rmsnorm")]
     return [_t(WEIGHTED_SUM, MAIN, "moe_weighted_sum"), *norm, _mm(UP, MAIN)]
 
@@ -440,19 +454,20 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     # The shared-expert fork stays on in every variant (no_attn_forks is attention only).
     key = "moe_router/multipass" if v.router_multipass else None
     fused = router_aligns(cfg, v)
+    shared_down = [] if shared_in_up(cfg, v) else [_mm(SHARED_DOWN, AUX1)]  # else in the up GEMM
     if router_in_front(cfg, v):
         head = [_t(FRONT, MAIN, "moe_front_router"), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
-                _mm(SHARED_DOWN, AUX1)]
+                *shared_down]
     elif router_forks(cfg, v):
         # Seed 003: the router logits get their own streaming GEMV on S2, so the top-k and
         # the align run there while main streams the rest of the front GEMM.
         head = [Fork(AUX2), _t(ROUTER_GEMV, AUX2, "gemv"), _t(ROUTER, AUX2, "moe_router", key),
                 *([] if fused else [_t(ALIGN, AUX2, "moe_align")]),
                 _mm(FRONT, MAIN), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
-                _mm(SHARED_DOWN, AUX1), Join(AUX2)]
+                *shared_down, Join(AUX2)]
     else:
         head = [_mm(FRONT, MAIN), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
-                _mm(SHARED_DOWN, AUX1), _t(ROUTER, MAIN, "moe_router", key),
+                *shared_down, _t(ROUTER, MAIN, "moe_router", key),
                 *([] if fused else [_t(ALIGN, MAIN, "moe_align")])]
     return [
         *head,
@@ -461,7 +476,7 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
         _t(EXPERT_DOWN, MAIN, "moe_down_mix" if down_mixes(cfg, v) else "moe_grouped_gemm"),
         *prefetch_leg(v),  # the up GEMM's weight, during the weighted sum and the norm
         *_moe_tail(cfg, v),
-        Join(AUX1), _t(ADD3, MAIN, "add3"), AllReduce(),
+        *([] if shared_in_up(cfg, v) else [Join(AUX1)]), _t(ADD3, MAIN, "add3"), AllReduce(),
     ]
 
 

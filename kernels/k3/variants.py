@@ -58,6 +58,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "linear_ws": ("linear_ws", True),                      # linear_gluon's GEMMs warp-specialized (loader warp)
     "moe_down_atomic": ("moe_down_atomic", True),          # B = 1: the down GEMM adds the weighted sum atomically
     "situ_in_gate_up": ("situ_in_gate_up", True),          # B = 1: the routed SiTU in the gate|up GEMM's epilogue
+    "shared_in_up": ("shared_in_up", True),                # B = 1: the shared experts' down GEMM inside the up GEMM
 }
 
 DELAY_PREFIX = "delay"
@@ -119,6 +120,8 @@ class Variant:
                                      # an fp32 latent (atomics), the norm reads and clears it: no weighted sum
     situ_in_gate_up: bool = False    # B = 1: the routed gate|up GEMM tiles gate rows with their up rows and
                                      # stores SiTU of them: no routed situ_mul launch
+    shared_in_up: bool = False       # B = 1, with triton_linear: the up GEMM reads [latent | shared h] against
+                                     # [up ; shared down], so the shared experts' cuBLAS GEMM on S1 goes
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

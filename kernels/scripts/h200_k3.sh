@@ -172,6 +172,12 @@ C52=$C51+situ_in_gate_up
 # S1, which had run beside the routed down GEMM, now starts only once that GEMM has drained (its
 # CTAs, launched at the gate|up GEMM's trigger, hold the SMs) and lands beside the up GEMM (+4 us).
 # The campaign build is C51.
+# Then the shared experts' down GEMM itself (cuBLAS, 4 CTAs, 11 MB on S1; it ran beside the routed
+# down GEMM): stacked under the up GEMM's weights along K, the up GEMM reading [normed latent |
+# shared h] (shared_in_up): one launch and one rounding fewer, S1 joined before the up GEMM. With
+# it situ_in_gate_up has no side GEMM left to starve (C54).
+C53=$C51+shared_in_up
+C54=$C53+situ_in_gate_up
 
 case $phase in
 campaign_test)
@@ -528,6 +534,12 @@ campaign32_final)  # after the tenth round's last kernel change: every GPU test 
   timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
     tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
     | tee $OUT/gpu32_all.log | tail -4 ;;
+campaign33)  # shared_in_up: the model's GPU tests; C51 / C53 / C54 (3 rounds); record_ab c51 c53 (carry .nsys)
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "shared_in_up and not 64" 2>&1 \
+    | tee $OUT/gpu33.log | tail -2
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C51 $C53 $C54 $C51 $C53 $C54 $C51 $C53 $C54 \
+    --json $OUT/step33.json 2>&1 | grep "B="
+  bash $0 record_ab c51 c53 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 

@@ -80,6 +80,8 @@ WS = f"{GLUON}+linear_ws"
 DOWN_ATOMIC = f"{GLUON}+moe_down_atomic"
 #: and with the routed SiTU in the gate|up GEMM's epilogue (variant situ_in_gate_up).
 SITU_GATE_UP = f"{DOWN_ATOMIC}+situ_in_gate_up"
+#: and with the shared experts' down GEMM stacked into the up GEMM (variant shared_in_up).
+SHARED_UP = f"{DOWN_ATOMIC}+shared_in_up"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -287,6 +289,8 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
                                                                            ("moe_down_mixed", 1), ("situ_fused+moe_down_mixed", 1),
                                                                            ("moe_down_atomic", 1), ("triton_linear+moe_down_atomic", 1),
                                                                            ("situ_in_gate_up", 1), ("moe_down_atomic+situ_in_gate_up", 1),
+                                                                           ("triton_linear+shared_in_up", 1),
+                                                                           ("triton_linear+moe_down_atomic+shared_in_up", 1),
                                                                            ("attn_res_one_pass", 1), (ONE_PASS, 1)])
 def test_campaign_variants_near_baseline(name, batch):
     # router_fork forks at B = 1 only; B = 2 keeps the baseline head.
@@ -416,7 +420,7 @@ def test_gpu_side_priority_raises_the_side_streams():
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
                                   "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
-                                  SITU_GATE_UP])
+                                  SITU_GATE_UP, SHARED_UP])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -438,7 +442,8 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
-@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP])
+@pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
+                                  SHARED_UP])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()

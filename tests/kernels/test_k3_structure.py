@@ -154,6 +154,7 @@ def test_baseline_counts():
     ("linear_ws", 0),                   # needs linear_gluon's (below)
     ("moe_down_atomic", -92),           # the weighted sum, added by the down GEMM (B = 1)
     ("situ_in_gate_up", -92),           # the routed SiTU, in the gate|up GEMM's epilogue (B = 1)
+    ("shared_in_up", 0),                # needs triton_linear's up GEMM (below)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -310,6 +311,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.EXPERT_ACT)  # inside the down GEMM's operand load
         if seg.family == "moe" and P.gate_up_acts(cfg, v):
             ops.append(P.EXPERT_ACT)  # in the gate|up GEMM's epilogue
+        if seg.family == "moe" and P.shared_in_up(cfg, v):
+            ops.append(P.SHARED_DOWN)  # its weights stacked under the up GEMM's
         if seg.family == "moe" and P.sum_norm_fuses(cfg, v):
             ops.append(P.LATENT_NORM)  # in the weighted sum's program
         if seg.family == "moe" and (P.down_mixes(cfg, v) or P.down_sums(cfg, v)):
@@ -390,6 +393,24 @@ def test_situ_in_gate_up_applies_at_b1_without_situ_fused():
     names = P.build_plan(FULL, parse("situ_in_gate_up")).triton_kernel_names()
     assert (P.build_plan(FULL).triton_kernel_names() - names) == Counter({"situ_mul_kernel": 92})  # the shared one stays
     assert P.build_plan(FULL, parse("situ_fused+situ_in_gate_up")).segments == P.build_plan(FULL, parse("situ_fused")).segments
+
+
+def test_shared_in_up_takes_the_shared_down_gemm_at_b1():
+    """With the skinny up GEMM at B = 1 the shared experts' cuBLAS GEMM goes (92 calls) and S1
+    joins main before the up GEMM, not after it; at B = 8, without triton_linear or with a tail
+    that forms the up GEMM's operand otherwise, nothing changes."""
+    base, p = P.build_plan(FULL, parse("triton_linear")), P.build_plan(FULL, parse("triton_linear+shared_in_up"))
+    assert base.cublas_calls - p.cublas_calls == 92 and p.triton_kernels == base.triton_kernels
+    for seg in p.segments:
+        if seg.family == "moe":
+            names = [type(i).__name__ if not isinstance(i, P.Launch) else i.subop for i in seg.items]
+            assert P.SHARED_DOWN not in names and names.index("Join") == names.index(P.UP) - 1
+    for other in ("triton_linear+shared_in_up@8", "shared_in_up", "triton_linear+moe_tail_fused+shared_in_up",
+                  "triton_linear+latent_norm_folded+shared_in_up", "triton_linear+moe_sum_norm_fused+shared_in_up"):
+        name, _, b = other.partition("@")
+        cfg = FULL.with_(batch=int(b or 1))
+        plain = name.replace("+shared_in_up", "").replace("shared_in_up", "baseline")
+        assert P.build_plan(cfg, parse(name)).segments == P.build_plan(cfg, parse(plain)).segments, other
 
 
 def test_moe_down_mixed_applies_at_b1_and_before_the_sum_norm():
