@@ -787,6 +787,36 @@ def moe_hops(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def shared_up(B: int, calls: int) -> dict[str, float]:
+    """Variant shared_in_up at one token: the MoE up GEMM (skinny, 3584 x 7168) and the shared
+    experts' down GEMM (cuBLAS, 768 x 7168) each alone, one after the other, and as one skinny
+    GEMM over their weights stacked along K (4352 x 7168); back to back and one call at a time."""
+    from kernels.k3.ops.common import early_trigger
+    from kernels.k3.ops.gemv import skinny_mm
+
+    if B != 1:
+        return {}
+    g = torch.Generator(device="cuda").manual_seed(37)
+    H, L, S = 7168, 3584, 768
+    n = _copies((L + S) * H * 2)
+    cats = [torch.randn(L + S, H, device="cuda", dtype=BF, generator=g) * L ** -0.5 for _ in range(n)]
+    x = torch.randn(1, L + S, device="cuda", dtype=BF, generator=g)
+    out, out2 = torch.empty(1, H, device="cuda", dtype=BF), torch.empty(1, H, device="cuda", dtype=BF)
+    forms = {"up alone": lambda i: skinny_mm(x[:, :L], cats[i % n][:L], out),
+             "shared down alone (cuBLAS)": lambda i: torch.mm(x[:, L:], cats[i % n][L:], out=out2),
+             "up then shared down": lambda i: (skinny_mm(x[:, :L], cats[i % n][:L], out),
+                                               torch.mm(x[:, L:], cats[i % n][L:], out=out2)),
+             "stacked (shared_in_up)": lambda i: skinny_mm(x, cats[i % n], out)}
+    res = {}
+    with early_trigger():
+        for tag, fn in forms.items():
+            res[f"{tag} back to back"] = per_call_us(fn, calls)
+            res[f"{tag} one call"] = single_call_us(fn, n)
+    del cats
+    torch.cuda.empty_cache()
+    return res
+
+
 def _copies(nbytes: int) -> int:
     return max(2, -(-240_000_000 // nbytes))  # > 4x the L2 in flight across the calls
 
@@ -972,7 +1002,8 @@ def main() -> int:
             "linear_prefetch": lambda: prefetch_chains(B, args.calls),
             "linear_gluon": lambda: linear_gluon(B, args.calls),
             "linear_ws": lambda: linear_ws(B, args.calls),
-            "moe_hops": lambda: moe_hops(B, args.calls)}
+            "moe_hops": lambda: moe_hops(B, args.calls),
+            "shared_up": lambda: shared_up(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

@@ -178,6 +178,9 @@ C52=$C51+situ_in_gate_up
 # it situ_in_gate_up has no side GEMM left to starve (C54).
 C53=$C51+shared_in_up
 C54=$C53+situ_in_gate_up
+# C53 +0.08 ms, C54 +0.02 against C51 (campaign33; C54 -0.06 against C53: with no side GEMM left
+# to starve, situ_in_gate_up gains). The 11 MB moved onto the up GEMM's stream, on the path; beside
+# the routed down GEMM they had cost it 0.6 us. Neither kept.
 
 case $phase in
 campaign_test)
@@ -540,6 +543,8 @@ campaign33)  # shared_in_up: the model's GPU tests; C51 / C53 / C54 (3 rounds); 
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C51 $C53 $C54 $C51 $C53 $C54 $C51 $C53 $C54 \
     --json $OUT/step33.json 2>&1 | grep "B="
   bash $0 record_ab c51 c53 ;;
+campaign33_ops)  # shared_in_up's standalone case (the up and shared down GEMMs alone, in turn, stacked)
+  timeout 100 python3 bench/bench_k3_ops.py --batch 1 --cases shared_up --json $OUT/ops33_b1.json 2>&1 | tail -10 ;;
 campaign24_big)  # C44 at B = 8 and 64 against C24 (B = 64: no skinny GEMM, a control); the kernel-node tests
   timeout 200 python3 bench/bench_k3_step.py --batches 8 64 --variants $C24 $C44 $C24 $C44 \
     --json $OUT/step24_b8_64.json 2>&1 | grep "B=" 
