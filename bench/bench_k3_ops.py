@@ -564,6 +564,26 @@ def prefetch_chains(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def _skinny_shapes(g: torch.Generator):
+    """Each skinny GEMM shape of the c44 step (TMA_SHAPES): its name, weight copies (rotated
+    past the L2), x, out, and the Triton kernel as it runs there (TMA where K is the hidden
+    size) with its tag. The weights are freed once the caller moves on."""
+    from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, TMA_CONFIGS, skinny_mm
+
+    for name, (K, N, wide, _) in TMA_SHAPES.items():
+        n = _copies(K * wide * 2)
+        ws = [(torch.randn(K, wide, device="cuda", dtype=BF, generator=g) * K ** -0.5)[:, wide - N:]
+              for _ in range(n)]
+        x = torch.randn(1, K, device="cuda", dtype=BF, generator=g)
+        out = torch.empty(1, N, device="cuda", dtype=BF)
+        tma = K == 7168
+        cfg = TMA_CONFIGS.get((K, N)) if tma else None
+        tag = f"{name} triton {cfg or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)}{' tma' if tma else ''}"
+        yield name, n, ws, x, out, tag, (lambda i: skinny_mm(x, ws[i % n], out, tma=tma, config=cfg))
+        del ws
+        torch.cuda.empty_cache()
+
+
 #: Variant linear_gluon: configs (block_n, block_k, warps, stages, early) tried at each shape.
 GLUON_SWEEP = [(64, 128, 8, 8, 0), (64, 128, 8, 8, 4), (64, 128, 8, 8, 8), (64, 128, 4, 8, 4), (64, 256, 8, 4, 2),
                (64, 256, 8, 4, 4), (128, 128, 8, 6, 3), (64, 64, 4, 16, 8)]
@@ -577,7 +597,7 @@ def linear_gluon(B: int, calls: int) -> dict[str, float]:
     where the Gluon kernel's weight copies before its wait can overlap the aggregation."""
     from kernels.k3.ops import attn_res as A
     from kernels.k3.ops.common import early_trigger
-    from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, TMA_CONFIGS, skinny_mm
+    from kernels.k3.ops.gemv import TMA_CONFIGS, skinny_mm
     from kernels.k3.ops.gemv_gluon import skinny_gl
 
     if B != 1:
@@ -585,17 +605,9 @@ def linear_gluon(B: int, calls: int) -> dict[str, float]:
     g = torch.Generator(device="cuda").manual_seed(12)
     res = {}
     with early_trigger():
-        for name, (K, N, wide, _) in TMA_SHAPES.items():
-            n = _copies(K * wide * 2)
-            ws = [(torch.randn(K, wide, device="cuda", dtype=BF, generator=g) * K ** -0.5)[:, wide - N:]
-                  for _ in range(n)]
-            x = torch.randn(1, K, device="cuda", dtype=BF, generator=g)
-            out = torch.empty(1, N, device="cuda", dtype=BF)
-            tma = K == 7168
-            cfg = TMA_CONFIGS.get((K, N)) if tma else None
-            tag = f"{name} triton {cfg or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)}{' tma' if tma else ''}"
-            res[tag + " back to back"] = per_call_us(lambda i: skinny_mm(x, ws[i % n], out, tma=tma, config=cfg), calls)
-            res[tag + " one call"] = single_call_us(lambda i: skinny_mm(x, ws[i % n], out, tma=tma, config=cfg), n)
+        for name, n, ws, x, out, tag, triton_call in _skinny_shapes(g):
+            res[tag + " back to back"] = per_call_us(triton_call, calls)
+            res[tag + " one call"] = single_call_us(triton_call, n)
             for c in GLUON_SWEEP:
                 try:  # a config the GPU cannot hold must not end the case
                     res[f"{name} gluon {c} back to back"] = per_call_us(lambda i, c=c: skinny_gl(x, ws[i % n], out, config=c),
@@ -604,8 +616,6 @@ def linear_gluon(B: int, calls: int) -> dict[str, float]:
                 except Exception as exc:  # noqa: BLE001 - reported, then the sweep goes on
                     torch.cuda.synchronize()
                     print(f"linear_gluon {name} {c}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-            del ws
-            torch.cuda.empty_cache()
         bank, query, gamma, scores, x = _attn_res_inputs(1)
         attn_out = torch.randn(1, 7168, device="cuda", dtype=BF, generator=g)
         fronts = [(torch.randn(7168, 6016, device="cuda", dtype=BF, generator=g) * 7168 ** -0.5)[:, 896:]
@@ -638,7 +648,6 @@ def linear_ws(B: int, calls: int) -> dict[str, float]:
     Triton kernel, TMA where K is the hidden size), the Gluon kernel at its committed config,
     and the warp-specialized one over WS_SWEEP, back to back and one call at a time."""
     from kernels.k3.ops.common import early_trigger
-    from kernels.k3.ops.gemv import SKINNY_CONFIGS, SKINNY_DEFAULT, TMA_CONFIGS, skinny_mm
     from kernels.k3.ops.gemv_gluon import skinny_gl, skinny_ws
 
     if B != 1:
@@ -646,17 +655,9 @@ def linear_ws(B: int, calls: int) -> dict[str, float]:
     g = torch.Generator(device="cuda").manual_seed(13)
     res = {}
     with early_trigger():
-        for name, (K, N, wide, _) in TMA_SHAPES.items():
-            n = _copies(K * wide * 2)
-            ws = [(torch.randn(K, wide, device="cuda", dtype=BF, generator=g) * K ** -0.5)[:, wide - N:]
-                  for _ in range(n)]
-            x = torch.randn(1, K, device="cuda", dtype=BF, generator=g)
-            out = torch.empty(1, N, device="cuda", dtype=BF)
-            tma = K == 7168
-            cfg = TMA_CONFIGS.get((K, N)) if tma else None
-            tag = f"{name} triton {cfg or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)}{' tma' if tma else ''}"
-            res[tag + " back to back"] = per_call_us(lambda i: skinny_mm(x, ws[i % n], out, tma=tma, config=cfg), calls)
-            res[tag + " one call"] = single_call_us(lambda i: skinny_mm(x, ws[i % n], out, tma=tma, config=cfg), n)
+        for name, n, ws, x, out, tag, triton_call in _skinny_shapes(g):
+            res[tag + " back to back"] = per_call_us(triton_call, calls)
+            res[tag + " one call"] = single_call_us(triton_call, n)
             res[f"{name} gluon back to back"] = per_call_us(lambda i: skinny_gl(x, ws[i % n], out), calls)
             res[f"{name} gluon one call"] = single_call_us(lambda i: skinny_gl(x, ws[i % n], out), n)
             for c in WS_SWEEP:
@@ -667,8 +668,6 @@ def linear_ws(B: int, calls: int) -> dict[str, float]:
                 except Exception as exc:  # noqa: BLE001 - reported, then the sweep goes on
                     torch.cuda.synchronize()
                     print(f"linear_ws {name} {c}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-            del ws
-            torch.cuda.empty_cache()
     return res
 
 

@@ -49,6 +49,20 @@ def _gdc_launch_dependents():
                               is_pure=False, pack=1)
 
 
+@gluon.constexpr_function
+def _fma_tile(block_n, num_warps):
+    # A [BLOCK_K, BLOCK_N] tile: 8 bf16 (16 bytes) per thread along N, rows over the rest.
+    tn = block_n // 8
+    return gl.BlockedLayout([1, 8], [32 // tn, tn], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _x_column(x, i, kr, BLOCK_K: gl.constexpr, NK: gl.constexpr):
+    # x's K block i (i > 0) as a [BLOCK_K, 1] column in the FMA tile's layout, zeros past the
+    # end: loaded one block ahead, from L2 (every program reads the same few KB).
+    return gl.load(x + i * BLOCK_K + kr, mask=(kr >= 0) & (i < NK), other=0.0)
+
+
 @gluon.jit
 def _request(w_desc, w_smem, bars, k_block, n0, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
     s = k_block % STAGES
@@ -59,11 +73,8 @@ def _request(w_desc, w_smem, bars, k_block, n0, BLOCK_K: gl.constexpr, STAGES: g
 @gluon.jit
 def skinny_gl_kernel(x, w_desc, out, N, K: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, EARLY: gl.constexpr, USE_PDL: gl.constexpr):
-    NW: gl.constexpr = gl.num_warps()
     NK: gl.constexpr = K // BLOCK_K
-    # A [BLOCK_K, BLOCK_N] tile: 8 bf16 (16 bytes) per thread along N, rows over the rest.
-    TN: gl.constexpr = BLOCK_N // 8
-    tile: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TN, TN], [NW, 1], [1, 0])
+    tile: gl.constexpr = _fma_tile(BLOCK_N, gl.num_warps())
     n0 = gl.program_id(0) * BLOCK_N
 
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_K, BLOCK_N], w_desc.layout)
@@ -81,13 +92,11 @@ def skinny_gl_kernel(x, w_desc, out, N, K: gl.constexpr, BLOCK_K: gl.constexpr, 
         if i < NK:
             _request(w_desc, w_smem, bars, i, n0, BLOCK_K, STAGES)
 
-    # x's K block i as a [BLOCK_K, 1] column in the tile's layout, loaded one block ahead
-    # (from L2: every program reads the same 14 KB).
     kr = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, tile))[:, None]
     xk = gl.load(x + kr)
     acc = gl.zeros([BLOCK_K, BLOCK_N], gl.float32, tile)
     for i in range(NK):
-        xn = gl.load(x + (i + 1) * BLOCK_K + kr, mask=(kr >= 0) & (i + 1 < NK), other=0.0)
+        xn = _x_column(x, i + 1, kr, BLOCK_K, NK)
         s = i % STAGES
         mbarrier.wait(bars.index(s), (i // STAGES) & 1)
         wt = w_smem.index(s).load(tile)
@@ -155,13 +164,12 @@ def _ws_consumer(x, out, N, w_smem, ready, empty, n0, NK: gl.constexpr, BLOCK_K:
         ocol = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))[None, :]
         gl.store(out + ocol + orow * 0, acc.to(out.dtype.element_ty), mask=(orow == 0) & (ocol < N))
     else:
-        TN: gl.constexpr = BLOCK_N // 8
-        tile: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TN, TN], [NW, 1], [1, 0])
+        tile: gl.constexpr = _fma_tile(BLOCK_N, NW)
         kr = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, tile))[:, None]
         xk = gl.load(x + kr)
         acc = gl.zeros([BLOCK_K, BLOCK_N], gl.float32, tile)
         for i in range(NK):
-            xn = gl.load(x + (i + 1) * BLOCK_K + kr, mask=(kr >= 0) & (i + 1 < NK), other=0.0)
+            xn = _x_column(x, i + 1, kr, BLOCK_K, NK)
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             wt = w_smem.index(s).load(tile)
