@@ -23,7 +23,7 @@ def overlap_kernels(analysis, name: str) -> pl.DataFrame:
         "step", "segment", "start", "end", "exposed", "duration", "family")
 
 
-@pytest.mark.parametrize("name", ["small_inside_a", "k3_bs1_base_a", "k3_bs1_c6"])
+@pytest.mark.parametrize("name", ["small_inside_a", "k3_bs1_base_a", "k3_bs1_c6", "hf_base_a", "hf_vllm_inside"])
 @pytest.mark.parametrize("shuffled", [False, True])
 def test_segment_windows_as_grouped(analysis, name, shuffled):
     k = overlap_kernels(analysis, name)
