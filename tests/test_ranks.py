@@ -79,3 +79,35 @@ def test_dask_engine(rank_dir):
     pytest.importorskip("dask.distributed")
     ranks = analyze_ranks(resolve_reports([rank_dir]), load_config(), engine="dask")
     assert len(ranks.ranks) == 2
+
+
+def _worker_threads(_: int) -> tuple[int, int]:
+    import polars as pl
+
+    from k3trace import cores
+
+    return cores.available(), pl.thread_pool_size()
+
+
+def test_rank_workers_keep_to_their_share_of_the_cores(monkeypatch):
+    """Workers started inside `cores.shared_by` analyse with the machine's cores split
+    among them (polars' pool too, sized when the worker starts); the parent's environment is
+    as before afterwards."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from k3trace import cores
+
+    monkeypatch.setenv("K3TRACE_CORES", "8")
+    monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
+    with cores.shared_by(3), ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        seen = set(pool.map(_worker_threads, range(4)))
+    assert seen == {(8 // 3, 8 // 3)}
+    assert os.environ["K3TRACE_CORES"] == "8" and "POLARS_MAX_THREADS" not in os.environ
+    # A smaller polars pool asked for by the user is kept; more workers than cores get one each.
+    monkeypatch.setenv("POLARS_MAX_THREADS", "1")
+    with cores.shared_by(2) as share:
+        assert share == 4 and os.environ["POLARS_MAX_THREADS"] == "1"
+    with cores.shared_by(16) as share:
+        assert share == 1 and os.environ["K3TRACE_CORES"] == "1"

@@ -16,7 +16,7 @@ from typing import Callable, Iterator, TypeVar
 import polars as pl
 
 import k3trace
-from k3trace import heap
+from k3trace import cores, heap
 from k3trace.analyses import completeness, critical_path, families, kernels, layers, pdl, pre_attention, stepgraph
 from k3trace.analyses import steptimes, streams
 from k3trace.analyses import store
@@ -214,7 +214,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
     })
     with ThreadPoolExecutor(1) as side:
         spreading = (side.submit(extras.after, overlap_metrics, stable_kernels, steps, n, whole)
-                     if _running.alone() else None)
+                     if _running.alone() and cores.available() > 1 else None)
         on_path = extras.after(path_metrics, stable_kernels, labelled, steps, cfg, whole)
         spread = (extras.after(overlap_metrics, stable_kernels, steps, n, whole) if spreading is None
                   else spreading.result())

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import polars as pl
 
+from k3trace import cores
 from k3trace.analyses.pipeline import analyze_report
 from k3trace.analyses.result import Analysis
 from k3trace.config import Config
@@ -94,8 +95,10 @@ def analyze_ranks(paths: Sequence[Path], cfg: Config, *, cache_dir: Path | None 
         count = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
         # spawn, not fork: polars' thread pool does not survive a fork of this process.
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(count, mp_context=context, initializer=_limit_memory,
-                                 initargs=(memory_per_worker,)) as pool:
+        # Each worker on its share of the cores: spreading one analysis further only costs
+        # the others CPU time (k3trace/cores.py).
+        with cores.shared_by(count), ProcessPoolExecutor(count, mp_context=context, initializer=_limit_memory,
+                                                         initargs=(memory_per_worker,)) as pool:
             done = list(pool.map(_one, jobs))
     else:
         raise ReportError(f"unknown engine {engine!r}", "use --engine local or --engine dask")

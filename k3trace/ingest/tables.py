@@ -15,7 +15,6 @@ ingest can exclude and report the rows.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from typing import Mapping, Protocol, Sequence
 
 import polars as pl
 
+from k3trace import cores
 from k3trace.errors import ReportError
 
 #: Text values are cut at this many bytes (names of 4 KiB are already far past any real one).
@@ -144,7 +144,7 @@ class SqliteTables:
         """WHERE clauses cutting `table` into consecutive rowid ranges, one per reader: a
         large table is read on every core at once (SQLite and ADBC release the GIL), and the
         parts, concatenated in rowid order, are the rows of one full scan in its order."""
-        readers = min(os.cpu_count() or 1, MAX_READERS)
+        readers = min(cores.available(), MAX_READERS)
         if readers < 2:
             return [""]
         try:
