@@ -41,6 +41,11 @@ def main() -> None:
         fetch(args.paths[0])
         print(json.dumps({"seconds": time.perf_counter() - t}))
         return
+    # As the console command does before polars loads, where the code has it.
+    with contextlib.suppress(ImportError):
+        from k3trace.heap import tune_allocator
+
+        tune_allocator()
     from k3trace.analyses import pipeline
     from k3trace.config import load_config
 

@@ -26,8 +26,11 @@ from typing import TYPE_CHECKING
 import typer
 from typer.core import TyperGroup
 
-from k3trace import __version__
+from k3trace import __version__, heap
 from k3trace.errors import ReportError, printable
+
+# Before anything loads polars (its allocator reads the option once, then).
+heap.tune_allocator()
 
 if TYPE_CHECKING:  # imported where used: `k3trace --help` needs neither (bench_startup.py)
     from rich.console import Console
