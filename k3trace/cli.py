@@ -495,7 +495,8 @@ def run_ranks(opts: RanksOptions) -> None:
         update("analysing in parallel")
         result = analyze_ranks(opts.reports, opts.config, cache_dir=opts.env.cache_dir, tools=opts.env.tools,
                                workers=opts.workers, engine=opts.engine, scheduler=opts.scheduler,
-                               memory_per_worker=int(opts.memory_gb * 2**30) if opts.memory_gb else None)
+                               memory_per_worker=int(opts.memory_gb * 2**30) if opts.memory_gb else None,
+                               wait_for_cache=opts.env.wait_for_cache)
     if opts.json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:

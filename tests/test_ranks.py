@@ -111,3 +111,48 @@ def test_rank_workers_keep_to_their_share_of_the_cores(monkeypatch):
         assert share == 4 and os.environ["POLARS_MAX_THREADS"] == "1"
     with cores.shared_by(16) as share:
         assert share == 1 and os.environ["K3TRACE_CORES"] == "1"
+
+
+def _whole_entries(cache, kind: str) -> list:
+    return [p for p in (cache / kind).glob("*") if (p / "manifest.json").exists()]
+
+
+def test_rank_workers_write_their_cache_entries_once_the_answer_is_ready(rank_dir, tmp_path):
+    """The workers hold their entries until they end, then leave them to detached writers:
+    the entries appear after analyze_ranks returns, and serve the next analysis. Waiting
+    for the cache, they are there when it returns."""
+    import time
+
+    cfg, paths = load_config(), resolve_reports([rank_dir])
+    cache = tmp_path / "held"
+    ranks = analyze_ranks(paths, cfg, cache_dir=cache, workers=2)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (len(_whole_entries(cache, "analyses")) == len(paths)
+                                               and len(_whole_entries(cache, "traces")) == len(paths)
+                                               and not list(cache.rglob(".tmp-*"))):
+        time.sleep(0.1)
+    assert len(_whole_entries(cache, "analyses")) == len(_whole_entries(cache, "traces")) == len(paths)
+    assert not list(cache.rglob(".tmp-*"))
+    for path, a in zip(paths, ranks.ranks):
+        phases: list[str] = []
+        cached = analyze_report(path, cfg, cache_dir=cache, progress=phases.append)
+        assert phases == ["cached analysis"] and cached.to_json() == a.to_json()
+    waited = tmp_path / "waited"
+    analyze_ranks(paths, cfg, cache_dir=waited, workers=2, wait_for_cache=True)
+    assert len(_whole_entries(waited, "analyses")) == len(_whole_entries(waited, "traces")) == len(paths)
+
+
+def test_held_entries_past_their_memory_are_written_at_once(tmp_path):
+    import polars as pl
+
+    from k3trace.ingest import cachefs, detached
+
+    frame = pl.DataFrame({"x": list(range(1000))})
+    detached.hold(0)  # any frame is past it
+    try:
+        assert cachefs.write_entry(tmp_path / "e", {"x.arrow": detached.Frame(frame, "ipc")}, {}, 1)
+    finally:
+        detached.release_held()
+    detached.wait()
+    assert cachefs.read_entry(tmp_path / "e", 1) is not None
+    assert pl.read_ipc(tmp_path / "e" / "x.arrow").equals(frame)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import multiprocessing
+import multiprocessing.util
 import os
 import resource
 from concurrent.futures import ProcessPoolExecutor
@@ -25,7 +26,7 @@ from k3trace.analyses.pipeline import analyze_report
 from k3trace.analyses.result import Analysis
 from k3trace.config import Config
 from k3trace.errors import ReportError
-from k3trace.ingest import Tools
+from k3trace.ingest import Tools, detached
 
 #: Kernels of a collective (NCCL and the common custom all-reduce kernels).
 ALL_REDUCE = r"(?i)nccl.*(allreduce|all_reduce)|all_?reduce|allreduce|cross_device_reduce|lamport|one_?shot"
@@ -68,9 +69,21 @@ def resolve_reports(spec: Sequence[Path]) -> list[Path]:
     return out
 
 
-def _limit_memory(limit_bytes: int | None) -> None:
+#: The cache entries' frames a rank worker may hold for writing after the answer (below).
+HELD_BYTES = 1 << 30
+
+
+def _worker(limit_bytes: int | None, hold_cache: bool) -> None:
+    """A rank worker's set-up: its address-space cap; and, unless the caller waits for the
+    cache, its cache entries held until it ends (the pool's shutdown, once every rank is
+    analysed), then written by one detached writer. Written between its analyses, they took
+    the CPU the other workers' analyses were waiting for (8 ranks of 421k kernels on 2
+    cores: 8.5-8.7 s to the answer, now 7.3; 6.9-7.0 s with no cache at all)."""
     if limit_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    if hold_cache:
+        detached.hold(min(HELD_BYTES, limit_bytes // 4) if limit_bytes else HELD_BYTES)
+        multiprocessing.util.Finalize(None, detached.release_held, exitpriority=10)
 
 
 def _one(args: tuple[Path, Config, Path | None, Tools]) -> tuple[Analysis, pl.DataFrame]:
@@ -87,7 +100,10 @@ def _one(args: tuple[Path, Config, Path | None, Tools]) -> tuple[Analysis, pl.Da
 
 def analyze_ranks(paths: Sequence[Path], cfg: Config, *, cache_dir: Path | None = None, tools: Tools = Tools(),
                   workers: int | None = None, memory_per_worker: int | None = None,
-                  engine: str = "local", scheduler: str | None = None) -> RankSet:
+                  engine: str = "local", scheduler: str | None = None, wait_for_cache: bool = False) -> RankSet:
+    """Each report analysed in its own worker process. The local engine's workers write
+    their cache entries once every rank is analysed, after this returns (`wait_for_cache`:
+    before each worker takes its next report, as before)."""
     jobs = [(Path(p), cfg, cache_dir, tools) for p in paths]
     if engine == "dask":
         done = _with_dask(jobs, scheduler)
@@ -97,8 +113,8 @@ def analyze_ranks(paths: Sequence[Path], cfg: Config, *, cache_dir: Path | None 
         context = multiprocessing.get_context("spawn")
         # Each worker on its share of the cores: spreading one analysis further only costs
         # the others CPU time (k3trace/cores.py).
-        with cores.shared_by(count), ProcessPoolExecutor(count, mp_context=context, initializer=_limit_memory,
-                                                         initargs=(memory_per_worker,)) as pool:
+        with cores.shared_by(count), ProcessPoolExecutor(count, mp_context=context, initializer=_worker,
+                                                         initargs=(memory_per_worker, not wait_for_cache)) as pool:
             done = list(pool.map(_one, jobs))
     else:
         raise ReportError(f"unknown engine {engine!r}", "use --engine local or --engine dask")

@@ -61,22 +61,48 @@ class Entry:
     fmt: int
 
 
+def _frame_bytes(entry: Entry) -> int:
+    return sum(w.frame.estimated_size() for w in entry.writers.values() if isinstance(w, Frame))
+
+
 class _Session:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._queue: list[Entry] | None = None
         self._children: list[int] = []
+        self._held: list[Entry] | None = None   # within `hold`: entries kept for `release_held`
+        self._held_limit = 0
 
     def active(self) -> bool:
-        return self._queue is not None
+        return self._queue is not None or self._held is not None
 
     def queue(self, entry: Entry) -> bool:
-        """Queue the entry when a detached block is open (True), else False."""
+        """Queue the entry when a detached block is open, or hold it (True), else False."""
         with self._lock:
-            if self._queue is None:
+            if self._queue is not None:
+                self._queue.append(entry)
+                return True
+            if self._held is None:
                 return False
-            self._queue.append(entry)
-            return True
+            self._held.append(entry)
+            full = sum(map(_frame_bytes, self._held)) > self._held_limit
+            if full:
+                entries, self._held = self._held, []
+        if full:  # past the memory they may keep: a writer for those held so far, now
+            self._launch(entries)
+        return True
+
+    def hold(self, limit_bytes: int) -> None:
+        with self._lock:
+            if self._held is None:
+                self._held = []
+            self._held_limit = limit_bytes
+
+    def release_held(self) -> None:
+        with self._lock:
+            entries, self._held = self._held or [], None
+        if entries:
+            self._launch(entries)
 
     @contextlib.contextmanager
     def block(self) -> Iterator[None]:
@@ -154,6 +180,21 @@ def writes_detached() -> contextlib.AbstractContextManager[None]:
     """Within the block, cache entries are queued; leaving it hands them to one forked
     writer and returns at once (nested blocks: the outermost one's exit)."""
     return _session.block()
+
+
+def hold(limit_bytes: int) -> None:
+    """From now on this process's cache entries are held, not written, until
+    `release_held()` hands them all to one detached writer (or, once their frames pass
+    `limit_bytes`, those held so far at once). For a process that analyses one report after
+    another and whose caller waits for all of them: a rank worker, whose entries are
+    written once the answer is ready, not between its analyses (the writes would take the
+    CPU time the other workers' analyses wait for)."""
+    _session.hold(limit_bytes)
+
+
+def release_held() -> None:
+    """The held entries to one detached writer (written here where none can be started)."""
+    _session.release_held()
 
 
 def queue(folder: Path, writers: dict[str, Callable[[Path], None]], meta: dict[str, Any], fmt: int) -> bool:
