@@ -21,7 +21,7 @@ from typing import Sequence
 
 import polars as pl
 
-from k3trace import cores
+from k3trace import cores, heap
 from k3trace.analyses.pipeline import analyze_report
 from k3trace.analyses.result import Analysis
 from k3trace.config import Config
@@ -79,6 +79,7 @@ def _worker(limit_bytes: int | None, hold_cache: bool) -> None:
     analysed), then written by one detached writer. Written between its analyses, they took
     the CPU the other workers' analyses were waiting for (8 ranks of 421k kernels on 2
     cores: 8.5-8.7 s to the answer, now 7.3; 6.9-7.0 s with no cache at all)."""
+    heap.tune_allocator()  # as the command's own process (polars' part came with its environment)
     if limit_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
     if hold_cache:
