@@ -72,6 +72,11 @@ def main() -> None:
         if "adbc_driver_sqlite.dbapi" in Path(tables.__file__).read_text():
             import adbc_driver_sqlite.dbapi  # noqa: F401
     cfg = load_config()
+    # As the commands do once their imports are done, where the code has it.
+    with contextlib.suppress(ImportError):
+        from k3trace.heap import freeze_imports
+
+        freeze_imports()
     # As the commands run it: where the code has it, `analyze` and `diff` return with their
     # answer while a detached writer finishes the cache entries (pipeline.saved_detached);
     # the time stops there, and the writer is waited for after it (`waited`), so that it

@@ -98,6 +98,14 @@ class OneLineUsageErrors(TyperGroup):
 
 #: Set once analyze or diff has written its whole answer: the process then ends at once.
 _answered = threading.Event()
+#: Set where the command runs as the console script, in a process of its own (not called
+#: from tests or other Python code): then its imports are frozen (heap.freeze_imports).
+_console = threading.Event()
+
+
+def _freeze_imports() -> None:
+    if _console.is_set():
+        heap.freeze_imports()
 
 
 class _App(typer.Typer):
@@ -111,6 +119,7 @@ class _App(typer.Typer):
 
     def __call__(self, *args, **kwargs):
         _answered.clear()  # only this invocation's answer ends the process early
+        _console.set()
         try:
             return super().__call__(*args, **kwargs)
         except SystemExit as exc:
@@ -328,6 +337,7 @@ def _progress(label: str) -> Iterator:
 def analysis_of(path: Path, cfg: Config, env: Environment, donor=None, for_diff: bool = False):
     from k3trace.analyses import analyze_report
 
+    _freeze_imports()
     with _progress(path.name) as update:
         return analyze_report(path, cfg, cache_dir=env.cache_dir, tools=env.tools, progress=update, donor=donor,
                               for_diff=for_diff)
@@ -358,6 +368,7 @@ def analyses_of(paths: tuple[Path, ...], cfg: Config, env: Environment, donor=No
 
     if len(paths) == 1:
         return [analysis_of(paths[0], cfg, env, donor, for_diff=True)]
+    _freeze_imports()
     with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 1, 4)) as pool:
         return list(pool.map(lambda p: analyze_report(p, cfg, cache_dir=env.cache_dir, tools=env.tools,
                                                       donor=donor, for_diff=True), paths))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import os
 import sys
 from typing import Callable
@@ -72,3 +73,16 @@ def trim() -> None:
     malloc_trim = _malloc_trim()
     if malloc_trim is not None:
         malloc_trim(0)
+
+
+def freeze_imports() -> None:
+    """Before a command's analysis, once it has imported what it runs: every object alive
+    now (modules, classes, functions, about 200k of them with polars and numpy) is moved
+    where the cyclic garbage collector no longer walks it (`gc.freeze`; reference counts
+    still free them). The analysis allocates Python objects by the hundred thousand
+    (polars expressions, numpy arrays, small frames), and each of the collections they
+    trigger walked all of those imports again: a cold analyze of 2.53M kernels 8.65 -> 7.99
+    CPU seconds of user time, 5.39 -> 5.19 s (medians of 6, alternating). For the command's
+    own process only (a library caller's cycles among objects alive now would never be
+    collected)."""
+    gc.freeze()

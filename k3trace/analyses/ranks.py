@@ -90,6 +90,7 @@ def _worker(limit_bytes: int | None, hold_cache: bool) -> None:
 def _one(args: tuple[Path, Config, Path | None, Tools]) -> tuple[Analysis, pl.DataFrame]:
     """One rank's analysis, and its layers' finish per step (`layer_finish`)."""
     path, cfg, cache_dir, tools = args
+    heap.freeze_imports()  # a worker is the command's own process
     analysis = analyze_report(path, cfg, cache_dir=cache_dir, tools=tools)
     # The per-kernel frames stay in the worker: across ranks only the layers' finish times
     # are read of them, worked out here. Shipping them back pickled cost the parent as much
