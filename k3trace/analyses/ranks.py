@@ -79,7 +79,10 @@ def _worker(limit_bytes: int | None, hold_cache: bool) -> None:
     analysed), then written by one detached writer. Written between its analyses, they took
     the CPU the other workers' analyses were waiting for (8 ranks of 421k kernels on 2
     cores: 8.5-8.7 s to the answer, now 7.3; 6.9-7.0 s with no cache at all)."""
-    heap.tune_allocator()  # as the command's own process (polars' part came with its environment)
+    # As the command's own process: polars' part of the tuning came with the environment;
+    # the imports (this module's: the analysis' own) are frozen before the first report.
+    heap.tune_allocator()
+    heap.freeze_imports()
     if limit_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
     if hold_cache:
@@ -90,7 +93,6 @@ def _worker(limit_bytes: int | None, hold_cache: bool) -> None:
 def _one(args: tuple[Path, Config, Path | None, Tools]) -> tuple[Analysis, pl.DataFrame]:
     """One rank's analysis, and its layers' finish per step (`layer_finish`)."""
     path, cfg, cache_dir, tools = args
-    heap.freeze_imports()  # a worker is the command's own process
     analysis = analyze_report(path, cfg, cache_dir=cache_dir, tools=tools)
     # The per-kernel frames stay in the worker: across ranks only the layers' finish times
     # are read of them, worked out here. Shipping them back pickled cost the parent as much
