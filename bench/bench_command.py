@@ -24,18 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import ROOT, reference_tree, temp_folder
-
-
-def wait_for_entries(cache: Path, timeout: float = 120.0) -> float:
-    """Seconds until the analysis entry is whole and no temporary entry is left."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < timeout:
-        done = any((p / "manifest.json").exists() for p in (cache / "analyses").glob("*"))
-        if done and not list(cache.rglob(".tmp-*")):
-            break
-        time.sleep(0.02)
-    return time.perf_counter() - start
+from harness import ROOT, reference_tree, temp_folder, wait_for_entries
 
 
 def main() -> None:

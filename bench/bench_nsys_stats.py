@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_command import wait_for_entries
-from harness import kernel_count, replicate, temp_folder
+from harness import kernel_count, replicate, temp_folder, wait_for_entries
 
 
 def timed(cmd: list[str], **kw) -> float:

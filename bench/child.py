@@ -29,17 +29,6 @@ def fetch(export: Path) -> None:
     assert rows
 
 
-def entries_written(cache: Path, analyses: int, timeout: float = 600.0) -> None:
-    """Until `analyses` analysis entries are whole and no temporary entry is left: the rank
-    workers' detached writers are not this process's children, so they are waited for here."""
-    end = time.perf_counter() + timeout
-    while time.perf_counter() < end:
-        whole = sum((p / "manifest.json").exists() for p in (cache / "analyses").glob("*"))
-        if whole >= analyses and not list(cache.rglob(".tmp-*")):
-            return
-        time.sleep(0.05)
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("what", choices=("fetch", "analyze", "diff", "ranks"))
@@ -108,7 +97,10 @@ def main() -> None:
     waited = time.perf_counter()
     getattr(pipeline, "wait_detached", lambda: None)()
     if args.what == "ranks" and args.cache_dir is not None:
-        entries_written(args.cache_dir, len(args.paths))
+        # The rank workers' detached writers are not this process's children.
+        from harness import wait_for_entries
+
+        wait_for_entries(args.cache_dir, len(args.paths), timeout=600.0)
     waited = time.perf_counter() - waited
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(result.to_json(), indent=1, sort_keys=True))

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +146,18 @@ def replicate(export: Path, times: int, into: Path) -> Path:
         con.commit()
     tmp.rename(out)
     return out
+
+
+def wait_for_entries(cache: Path, analyses: int = 1, timeout: float = 120.0) -> float:
+    """Seconds until `analyses` analysis entries are whole and no temporary entry is left
+    under `cache`: the detached cache writers of a run, waited for outside its timing."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        whole = sum((p / "manifest.json").exists() for p in (cache / "analyses").glob("*"))
+        if whole >= analyses and not list(cache.rglob(".tmp-*")):
+            break
+        time.sleep(0.02)
+    return time.perf_counter() - start
 
 
 def temp_folder(prefix: str) -> Path:

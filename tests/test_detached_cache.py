@@ -106,3 +106,15 @@ def test_commands_end_at_once_with_their_whole_answer_and_exit_code(trace_sqlite
     answered = subprocess.run([*k3, "analyze", base, *cache], capture_output=True, text=True, env=env, timeout=300,
                               cwd=tmp_path)
     assert answered.returncode == 0 and answered.stdout.count("\n") > 10
+
+
+def test_held_entries_past_their_memory_are_written_at_once(tmp_path):
+    frame = pl.DataFrame({"x": list(range(1000))})
+    detached.hold(0)  # any frame is past it
+    try:
+        assert cachefs.write_entry(tmp_path / "e", {"x.arrow": detached.Frame(frame, "ipc")}, {}, 1)
+    finally:
+        detached.release_held()
+    detached.wait()
+    assert cachefs.read_entry(tmp_path / "e", 1) is not None
+    assert pl.read_ipc(tmp_path / "e" / "x.arrow").equals(frame)

@@ -140,19 +140,3 @@ def test_rank_workers_write_their_cache_entries_once_the_answer_is_ready(rank_di
     waited = tmp_path / "waited"
     analyze_ranks(paths, cfg, cache_dir=waited, workers=2, wait_for_cache=True)
     assert len(_whole_entries(waited, "analyses")) == len(_whole_entries(waited, "traces")) == len(paths)
-
-
-def test_held_entries_past_their_memory_are_written_at_once(tmp_path):
-    import polars as pl
-
-    from k3trace.ingest import cachefs, detached
-
-    frame = pl.DataFrame({"x": list(range(1000))})
-    detached.hold(0)  # any frame is past it
-    try:
-        assert cachefs.write_entry(tmp_path / "e", {"x.arrow": detached.Frame(frame, "ipc")}, {}, 1)
-    finally:
-        detached.release_held()
-    detached.wait()
-    assert cachefs.read_entry(tmp_path / "e", 1) is not None
-    assert pl.read_ipc(tmp_path / "e" / "x.arrow").equals(frame)
