@@ -360,7 +360,8 @@ def donor_of(path: Path | None, cfg: Config, env: Environment):
 def analyses_of(paths: tuple[Path, ...], cfg: Config, env: Environment, donor=None) -> list:
     """The sides of a diff: several reports analysed side by side in threads (polars and
     numpy release the GIL; measured on the two full-depth K3 exports: 3.25 s against 3.53 s
-    one after the other), without progress spinners, which would write over each other;
+    one after the other), each on its share of the cores (k3trace/cores.py: its tables
+    read in fewer parts), without progress spinners, which would write over each other;
     each without the parts a diff never reads (analyses.result.DIFF_OMITS)."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -3,14 +3,16 @@
 An analysis spreads over the cores it may use (the SQLite tables read in parts on several
 threads, the path and overlap metrics side by side, polars' own thread pool). Where
 several analyses already fill the machine (`k3trace analyze` of several rank reports, one
-worker process each), that spreading only adds CPU time (threads handing work over, part
-reads joined) that the other workers would have used: each worker keeps to its share.
+worker process each; a diff's two sides, in threads of one process), that spreading only
+adds CPU time (threads handing work over, part reads joined) that the other analyses would
+have used: each keeps to its share.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Iterator
 
 #: The cores one analysis in this process may use (unset: all of the machine's).
@@ -23,6 +25,39 @@ def available() -> int:
     """The cores this process's analysis may use."""
     share = os.environ.get(ENV, "")
     return int(share) if share.isdigit() and int(share) > 0 else os.cpu_count() or 1
+
+
+class _Analyses:
+    """How many reports this process analyses at once (a diff runs its sides in threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            self.count += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.count -= 1
+
+
+#: `with analysing():` around each analysis of this process.
+analysing = _Analyses()
+
+
+def alone() -> bool:
+    """Whether no other analysis runs in this process now."""
+    return analysing.count <= 1
+
+
+def per_analysis() -> int:
+    """The cores each analysis running in this process now may spread over: the diff's
+    two sides in threads split them, as rank workers do."""
+    return max(1, available() // max(1, analysing.count))
 
 
 @contextlib.contextmanager

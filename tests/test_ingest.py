@@ -208,3 +208,22 @@ def test_part_wise_read_equals_one_scan(tmp_path, monkeypatch):
     assert parted["start"].to_list() == list(range(parted.height))  # rowid order kept
     assert parted[tables.WRONG_TYPE].sum() == 1 and parted["n"].null_count() == 1
     assert parted["node"].dtype == pl.Int64 and parted["node"].null_count() == parted.height // 2
+
+
+def test_analyses_at_once_split_the_readers(tmp_path, monkeypatch):
+    """A table is read in as many parts as this analysis' share of the cores: the diff's
+    two sides, analysed in threads of one process, take half each."""
+    from k3trace import cores
+    from k3trace.ingest import tables
+
+    path = tmp_path / "parts.sqlite"
+    _parted_table(path, 4 * tables.MIN_ROWS_PER_READER + 5)
+    src = tables.SqliteTables(path)
+    monkeypatch.setenv("K3TRACE_CORES", "4")
+    with cores.analysing():
+        assert cores.alone() and len(src._rowid_parts("t")) == 4
+        with cores.analysing():
+            assert not cores.alone() and cores.per_analysis() == 2 and len(src._rowid_parts("t")) == 2
+        assert len(src._rowid_parts("t")) == 4
+    monkeypatch.setenv("K3TRACE_CORES", "1")
+    assert src._rowid_parts("t") == [""]

@@ -50,7 +50,7 @@ def analyze_report(path: Path, cfg: Config, *, cache_dir: Path | None = None, to
     """`analyze(load_report(path))`, reusing a cached result for the same report, config,
     label donor and k3trace version. `for_diff`: as `analyze(..., for_diff=True)`; a cached
     whole analysis serves too."""
-    with _running():
+    with cores.analysing():
         return _analyze_report(path, cfg, cache_dir=cache_dir, tools=tools, progress=progress, donor=donor,
                                for_diff=for_diff)
 
@@ -214,7 +214,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
     })
     with ThreadPoolExecutor(1) as side:
         spreading = (side.submit(extras.after, overlap_metrics, stable_kernels, steps, n, whole)
-                     if _running.alone() and cores.available() > 1 else None)
+                     if cores.alone() and cores.available() > 1 else None)
         on_path = extras.after(path_metrics, stable_kernels, labelled, steps, cfg, whole)
         spread = (extras.after(overlap_metrics, stable_kernels, steps, n, whole) if spreading is None
                   else spreading.result())
@@ -268,28 +268,6 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
     )
 
 
-class _Running:
-    """How many reports this process analyses at once (the diff runs its sides in threads)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count = 0
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            self._count += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._count -= 1
-
-    def alone(self) -> bool:
-        return self._count <= 1
-
-
-_running = _Running()
 
 
 @dataclass(frozen=True)

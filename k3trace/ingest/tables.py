@@ -144,7 +144,7 @@ class SqliteTables:
         """WHERE clauses cutting `table` into consecutive rowid ranges, one per reader: a
         large table is read on every core at once (SQLite and ADBC release the GIL), and the
         parts, concatenated in rowid order, are the rows of one full scan in its order."""
-        readers = min(cores.available(), MAX_READERS)
+        readers = min(cores.per_analysis(), MAX_READERS)
         if readers < 2:
             return [""]
         try:
