@@ -22,24 +22,9 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from harness import run_child, temp_folder, wait_for_entries
-
-
-def command(reports: list[Path], cache: Path) -> float:
-    """Seconds of `k3trace analyze REPORTS --json` from start to exit; then its cache
-    entries' writers waited for, untimed, so that they never share the cores with a run."""
-    env = {k: v for k, v in os.environ.items() if k != "K3TRACE_CACHE_WAIT"}
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "k3trace.cli", "analyze", *map(str, reports), "--json",
-                    "--cache-dir", str(cache)], stdout=subprocess.DEVNULL, env=env, check=True, cwd=cache.parent)
-    seconds = time.perf_counter() - start
-    wait_for_entries(cache, len(reports), timeout=600.0)
-    return seconds
+from harness import run_child, run_command, temp_folder
 
 
 def main() -> None:
@@ -59,8 +44,9 @@ def main() -> None:
         for i in range(args.repeat):  # interleaved: noise hits both alike
             one.append(run_child(["analyze", str(reports[0]), "--cache-dir", str(work / f"one{i}")]).seconds)
             ranks.append(run_child(["ranks", *map(str, reports), "--cache-dir", str(work / f"ranks{i}")]).seconds)
-            one_cmd.append(command(reports[:1], work / f"one-command{i}"))
-            ranks_cmd.append(command(reports, work / f"ranks-command{i}"))
+            one_cmd.append(run_command(["analyze", str(reports[0])], work / f"one-command{i}"))
+            ranks_cmd.append(run_command(["analyze", *map(str, reports)], work / f"ranks-command{i}",
+                                         analyses=len(reports)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{args.copies} copies of {args.export.name} on {cores} cores; medians of {args.repeat}")
