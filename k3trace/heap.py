@@ -56,8 +56,7 @@ def tune_allocator() -> None:
     faulted in afresh; from the main heap they are reused. A cold analyze of 2.53M kernels
     5.73 -> 5.12 s (system time 2.76 -> 1.95 s, peak 1790 -> 1697 MB), of 421k kernels
     1.05 -> 0.97 s (2 cores, medians of 6 and 8, alternating, with MALLOC_ARENA_MAX=1, what
-    this sets). Its mmap and trim thresholds fixed as well (MMAP_THRESHOLD). Options the
-    user set are left alone; polars' too where it is loaded already."""
+    this sets). Options the user set are left alone; polars' too where it is loaded already."""
     if "polars" not in sys.modules:
         threads = os.environ.setdefault(cores.POLARS_THREADS, str(min(cores.available(), MAX_POLARS_THREADS)))
         if threads.isdigit() and int(threads) <= KEEP_PAGES_UP_TO_THREADS:
