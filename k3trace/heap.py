@@ -35,16 +35,8 @@ KEEP_PAGES_UP_TO_THREADS = 2
 #: cores at 2.53M kernels, 16 threads 4.96-5.82 s and a peak of 2.8 GB, 8 threads
 #: 4.81-5.94 s and 1.9-2.0 GB (two runs each; 4 threads 5.29-5.67 s, 1.8 GB).
 MAX_POLARS_THREADS = 8
-#: glibc's mallopt parameters (malloc.h): the most arenas, the size from which a block is
-#: mapped on its own, and the free space at the heap's top past which free() trims it.
-_M_ARENA_MAX, _M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD = -8, -3, -1
-#: numpy's column arrays (8 bytes a kernel: 20 MB at 2.5M kernels) come from the heap up to
-#: this size, glibc's largest (32 MiB on 64 bits), and the heap is trimmed only by `trim()`
-#: between the stages, not on every free(): each array mapped afresh, or each page trimmed
-#: and taken again, is a page fault. A cold analyze on 2 cores (alternating with the code
-#: before): 421k kernels 0.869 -> 0.810 s (medians of 8), 2.53M 5.03 -> 4.71 s (of 6;
-#: system time about 1.9 -> 1.4 s); peak at 2.53M 1704 -> 1778 MiB (medians of 4).
-MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 1 << 30
+#: glibc's mallopt parameter for the most arenas (malloc.h: M_ARENA_MAX).
+_M_ARENA_MAX = -8
 
 
 def tune_allocator() -> None:
@@ -61,14 +53,10 @@ def tune_allocator() -> None:
         threads = os.environ.setdefault(cores.POLARS_THREADS, str(min(cores.available(), MAX_POLARS_THREADS)))
         if threads.isdigit() and int(threads) <= KEEP_PAGES_UP_TO_THREADS:
             os.environ.setdefault(JEMALLOC_OPTIONS, JEMALLOC_TUNING)
-    mallopt = _mallopt()
-    if mallopt is None:
-        return
     if "MALLOC_ARENA_MAX" not in os.environ:
-        mallopt(_M_ARENA_MAX, 1)
-    if not {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"} & set(os.environ):
-        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        mallopt = _mallopt()
+        if mallopt is not None:
+            mallopt(_M_ARENA_MAX, 1)
 
 
 @functools.cache
