@@ -6,8 +6,9 @@ one run; and a check that the diff's JSON equals that of the code before the spe
 Each run is a fresh process with empty caches, measured two ways: the work inside the
 process (bench/child.py), imports excluded; and whole commands, `k3trace analyze OLD
 --json` against `k3trace diff OLD NEW --json` from start to exit, as the issue measured and
-as a user waits for them (each command's start-up is paid once by the diff). Target (issue 13): diff of two full-depth exports (~430k kernels each) within 1.6x
-one cold analyze, Shapley sampling included. The exports: full-depth K3 decode at B=1,
+as a user waits for them (each command's start-up is paid once by the diff). Target
+(issue 13): diff of two full-depth exports (~430k kernels each) within 1.6x one cold
+analyze, Shapley sampling included. The exports: full-depth K3 decode at B=1,
 ~175 steps each (kernels/scripts/h200_k3.sh `long`: k3_full_bs1_base and
 k3_full_bs1_router_multipass), not committed.
 """

@@ -268,8 +268,6 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
     )
 
 
-
-
 @dataclass(frozen=True)
 class PathMetrics:
     path: pl.DataFrame          # stable-step kernels with their edges, on_path, critical/bubble time
