@@ -19,9 +19,10 @@ from pathlib import Path
 SCRIPT = Path(sys.executable).parent / "k3trace"
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "k3trace.cli"]
 HEAVY = ("polars", "pyarrow", "numpy", "plotly", "k3trace.ingest.report")
-#: What `k3trace analyze REPORT` imports before it reads the report.
-ANALYZE_IMPORTS = ("import k3trace.cli, k3trace.analyses.pipeline, k3trace.render.terminal; "
-                   "import adbc_driver_manager, adbc_driver_sqlite")
+#: What `k3trace analyze REPORT` imports before it reads the report; with --json, all but
+#: the terminal renderer (rich).
+ANALYZE_JSON_IMPORTS = "import k3trace.cli, k3trace.analyses.pipeline; import adbc_driver_manager, adbc_driver_sqlite"
+ANALYZE_IMPORTS = ANALYZE_JSON_IMPORTS + "; import k3trace.render.terminal"
 
 
 def timed(cmd: list[str]) -> float:
@@ -40,6 +41,7 @@ def main() -> None:
         "k3trace --version": [*CLI, "--version"],
         "k3trace analyze -h": [*CLI, "analyze", "-h"],
         "analyze's imports": [sys.executable, "-c", ANALYZE_IMPORTS],
+        "analyze --json's": [sys.executable, "-c", ANALYZE_JSON_IMPORTS],
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.repeat):  # interleaved: noise hits every command alike

@@ -310,6 +310,11 @@ def note(text: str) -> None:
 @contextmanager
 def _progress(label: str) -> Iterator:
     """A spinner on stderr, shown only when ingest takes longer than a second."""
+    # A spinner in a log or a pipe is only noise (and a stray blank line). Asked of the stream
+    # itself: rich's console (15 ms of imports) loads only where the spinner may show.
+    if not (sys.stderr is not None and sys.stderr.isatty()):
+        yield lambda phase: None
+        return
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -324,8 +329,7 @@ def _progress(label: str) -> Iterator:
 
     timer = threading.Timer(1.0, start)
     timer.daemon = True
-    if err().is_terminal:  # a spinner in a log or a pipe is only noise (and a stray blank line)
-        timer.start()
+    timer.start()
     try:
         yield lambda phase: progress.update(task, description=f"{label}: {phase}")
     finally:
@@ -470,7 +474,10 @@ def run_analyze(opts: AnalyzeOptions):
 
 
 def _run_analyze(opts: AnalyzeOptions):
-    from k3trace.render.terminal import render_analysis
+    # The terminal renderer (rich's tables, 40 ms of imports) only for an answer printed as
+    # text; imported before the analysis, so that it is frozen with the other imports.
+    if not opts.json:
+        from k3trace.render.terminal import render_analysis
 
     analysis = analysis_of(opts.report, opts.config, opts.env, donor_of(opts.labels_from, opts.config, opts.env))
     if opts.html is not None:
@@ -501,8 +508,9 @@ class RanksOptions:
 
 def run_ranks(opts: RanksOptions) -> None:
     from k3trace.analyses.ranks import analyze_ranks
-    from k3trace.render.terminal import render_ranks
 
+    if not opts.json:  # as analyze's
+        from k3trace.render.terminal import render_ranks
     with _progress(f"{len(opts.reports)} rank reports") as update:
         update("analysing in parallel")
         result = analyze_ranks(opts.reports, opts.config, cache_dir=opts.env.cache_dir, tools=opts.env.tools,
@@ -574,8 +582,9 @@ def run_diff(opts: DiffOptions) -> None:
 def _run_diff(opts: DiffOptions) -> None:
     from k3trace.diff import diff
     from k3trace.diff.noise import SLOWER
-    from k3trace.render.terminal import diff_markdown, render_diff
 
+    if opts.format != "json":  # as analyze's
+        from k3trace.render.terminal import diff_markdown, render_diff
     donor = donor_of(opts.labels_from, opts.config, opts.env)
     both = analyses_of(opts.old + opts.new, opts.config, opts.env, donor)
     old, new = both[:len(opts.old)], both[len(opts.old):]

@@ -143,6 +143,21 @@ def k3(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.Comp
                           env={**base, **(env or {})}, stdin=subprocess.DEVNULL, timeout=300)
 
 
+def test_json_answers_leave_the_terminal_renderer_unimported(trace_sqlite, tmp_path):
+    """analyze and diff printing JSON never import rich's tables, nor any command its
+    spinner where stderr is no terminal (start-up every such command would pay): the
+    command's own import trace, as a user runs it."""
+    report, other = str(trace_sqlite("small_inside_a")), str(trace_sqlite("small_delay_kda_step"))
+    for args in (["analyze", report, "--json"], ["diff", report, other, "--json"], ["analyze", report]):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "k3trace.cli", *args, "--no-cache"],
+                              capture_output=True, text=True, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=300)
+        assert done.returncode == 0, done.stderr[-500:]
+        imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+        assert ("k3trace.render.terminal" in imported) == ("--json" not in args), args
+        # stderr is a pipe: no spinner; where the answer is JSON, no rich at all.
+        assert "rich.progress" not in imported and ("rich.console" in imported) == ("--json" not in args), args
+
+
 def test_version_and_short_help():
     assert invoke("--version").stdout.strip() == f"k3trace {k3trace.__version__}"
     for command in ([], ["analyze"], ["diff"], ["whatif"], ["record"], ["demo"], ["scrub"]):
