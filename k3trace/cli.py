@@ -511,6 +511,7 @@ def run_ranks(opts: RanksOptions) -> None:
 
     if not opts.json:  # as analyze's
         from k3trace.render.terminal import render_ranks
+
     with _progress(f"{len(opts.reports)} rank reports") as update:
         update("analysing in parallel")
         result = analyze_ranks(opts.reports, opts.config, cache_dir=opts.env.cache_dir, tools=opts.env.tools,
@@ -585,6 +586,7 @@ def _run_diff(opts: DiffOptions) -> None:
 
     if opts.format != "json":  # as analyze's
         from k3trace.render.terminal import diff_markdown, render_diff
+
     donor = donor_of(opts.labels_from, opts.config, opts.env)
     both = analyses_of(opts.old + opts.new, opts.config, opts.env, donor)
     old, new = both[:len(opts.old)], both[len(opts.old):]
