@@ -1,41 +1,37 @@
-"""critical_path._last_ending_rows against the polars form it replaces (kept here only, as
-the reference): each step's last-ending kernel, on bundled recordings' stable kernels
-and on a frame where two kernels share a step's latest end (polars' choice stands)."""
+"""critical_path._last_ending_rows against a plain reading of the rows: each step's
+last-ending kernel, on bundled recordings' stable kernels and on frames where kernels share
+a step's latest end (the last of them in row order) or come out of step order."""
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 import pytest
 
 from k3trace.analyses.critical_path import _last_ending_rows
 
 
-def polars_last(edges: pl.DataFrame, row_of: np.ndarray) -> np.ndarray:
-    last = edges.select("step", "end", "kernel_id").sort("end").group_by("step").agg(pl.col("kernel_id").last())
-    return row_of[last["kernel_id"].to_numpy().astype(np.int64)]
-
-
-def rows_of(edges: pl.DataFrame) -> np.ndarray:
-    ids = edges["kernel_id"].to_numpy().astype(np.int64)
-    row_of = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
-    row_of[ids] = np.arange(len(ids))
-    return row_of
+def last_ending(edges: pl.DataFrame) -> list[int]:
+    """Per step, the row of the latest end; of rows sharing it, the last (a loop over rows)."""
+    best: dict[int, tuple[int, int]] = {}
+    for row, (step, end) in enumerate(edges.select("step", "end").iter_rows()):
+        if step not in best or end >= best[step][0]:
+            best[step] = (end, row)
+    return sorted(row for _, row in best.values())
 
 
 @pytest.mark.parametrize("name", ["small_inside_a", "k3_bs1_base_a", "k3_bs1_c6", "hf_sglang_before"])
-def test_last_ending_as_polars(analysis, name):
+def test_last_ending_rows(analysis, name):
     a = analysis(name)
     edges = a.kernels.filter(pl.col("step").is_in(a.steps.filter(pl.col("stable"))["step"].implode()))
-    row_of = rows_of(edges)
-    got = _last_ending_rows(edges, row_of)
+    got = _last_ending_rows(edges)
     assert len(got) == edges["step"].n_unique()
-    assert sorted(got) == sorted(polars_last(edges, row_of))
+    assert sorted(got) == last_ending(edges)
+    # The same rows when the steps do not come in row order (the sorted path).
+    shuffled = edges.sample(fraction=1.0, shuffle=True, seed=3)
+    assert sorted(_last_ending_rows(shuffled)) == last_ending(shuffled)
 
 
-def test_last_ending_tie_goes_as_polars():
-    edges = pl.DataFrame({"kernel_id": [0, 1, 2, 3, 4], "step": [0, 0, 0, 1, 1], "end": [5, 9, 9, 3, 7]})
-    row_of = rows_of(edges)
-    got = _last_ending_rows(edges, row_of)
-    assert sorted(got) == sorted(polars_last(edges, row_of))
-    assert 4 in got and (1 in got or 2 in got)
+@pytest.mark.parametrize(("steps", "rows"), [([0, 0, 0, 1, 1], [2, 4]), ([1, 0, 0, 1, 0], [0, 4])])
+def test_a_shared_latest_end_goes_to_the_last_row(steps, rows):
+    edges = pl.DataFrame({"kernel_id": [0, 1, 2, 3, 4], "step": steps, "end": [5, 9, 9, 3, 9]})
+    assert sorted(_last_ending_rows(edges)) == rows

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from k3trace.ordering import has_repeats, polars_positions, sort_positions, sorted_by
+from k3trace.ordering import has_repeats, polars_positions, sort_positions, sorted_by, stable_positions
 
 
 def _frame(seed: int, n: int = 5000, nulls: bool = False, span: int = 1 << 40) -> pl.DataFrame:
@@ -37,6 +37,17 @@ def test_positions_equal_polars_sort(seed, keys):
 def test_ties_fall_back_to_polars():
     frame = pl.DataFrame({"step": [1, 1, 0, 0, 1], "end": [5, 5, 3, 3, 2]})
     assert (sort_positions(frame, "step", "end") == polars_positions(frame, "step", "end")).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("keys", [("step", "end"), ("step",), ("step", "start", "end")])
+def test_stable_positions_keep_ties_in_row_order(seed, keys):
+    for nulls in (False, True):
+        frame = _frame(seed, nulls=nulls).with_columns(pl.col("end") // 500)  # many ties
+        expected = frame.select(*keys).with_row_index("_pos").sort(*keys, maintain_order=True)["_pos"]
+        assert (stable_positions(frame, *keys) == expected.to_numpy()).all()
+    text = pl.DataFrame({"step": ["b", "a", "b", "a"], "end": [1, 1, 1, 0]})
+    assert list(stable_positions(text, "step", "end")) == [3, 1, 0, 2]
 
 
 def test_keys_too_wide_to_pack():

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from k3trace.config import Config
-from k3trace.ordering import sort_positions
+from k3trace.ordering import sort_positions, stable_positions
 
 STREAM, JOIN, LAUNCH = "stream", "join", "launch"
 
@@ -177,8 +177,11 @@ class _EndOrder:
     @classmethod
     def of(cls, k: pl.DataFrame, step: np.ndarray, stream: np.ndarray) -> "_EndOrder":
         # Kernel ends across streams seldom tie (none at 373k kernels of a full-depth K3
-        # recording, 373 of 414k in another): numpy's order where none does, polars' else.
-        order = sort_positions(k, "step", "end")
+        # recording, 246 pairs of 421k in another); where they do, in start order (`k`'s
+        # rows): the latest other-stream kernel at a shared end is the one that started
+        # last. (polars' sort, which ordered them before, is not stable: its fallback
+        # took 0.2 s at 2.5M kernels.)
+        order = stable_positions(k, "step", "end")
         s, st, end = step[order], stream[order], k["end"].to_numpy()[order]
         new_run = np.ones(len(order), dtype=bool)
         new_run[1:] = (st[1:] != st[:-1]) | (s[1:] != s[:-1])
@@ -245,7 +248,7 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     row_of[ids] = np.arange(len(ids))
     pred = edges["pred"].fill_null(-1).to_numpy().astype(np.int64)
     pred_row = np.where(pred >= 0, row_of[np.clip(pred, 0, None)], -1)
-    cursor = _last_ending_rows(edges, row_of)
+    cursor = _last_ending_rows(edges)
     on_path = np.zeros(len(ids), dtype=bool)
     while cursor.size:
         on_path[cursor] = True
@@ -266,19 +269,20 @@ def walk(edges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     ).drop("step_start")
 
 
-def _last_ending_rows(edges: pl.DataFrame, row_of: np.ndarray) -> np.ndarray:
-    """Each step's last-ending kernel, as a row of `edges`: where the step orders its
-    kernels by end with a single latest one, the last of its run in (step, end) order (a
-    polars sort of the frame by end and a grouping cost 120 ms at 2.2M kernels, this a
-    fifth); where two share the latest end, the one polars' sort puts last, as before."""
-    order = sort_positions(edges, "step", "end")
-    step, end = edges["step"].to_numpy()[order], edges["end"].to_numpy()[order]
-    last = np.flatnonzero(np.append(step[1:] != step[:-1], True))
-    tied = (last > 0) & (step[last - 1] == step[last]) & (end[last - 1] == end[last])
-    if not tied.any():
-        return order[last]
-    latest = edges.select("step", "end", "kernel_id").sort("end").group_by("step").agg(pl.col("kernel_id").last())
-    return row_of[latest["kernel_id"].to_numpy().astype(np.int64)]
+def _last_ending_rows(edges: pl.DataFrame) -> np.ndarray:
+    """Each step's last-ending kernel, as a row of `edges`; where several share the latest
+    end, the last of them in row order (kernel id). Steps come in row order as runs where
+    the kernels were recorded in step order (a scan of each run's maximum); else from
+    their (step, end) order."""
+    step, end = edges["step"].to_numpy(), edges["end"].to_numpy()
+    if len(step) and bool(np.all(step[1:] >= step[:-1])):
+        opens = np.append(True, step[1:] != step[:-1])
+        firsts, run = np.flatnonzero(opens), np.cumsum(opens) - 1
+        at_max = np.flatnonzero(end == np.maximum.reduceat(end, firsts)[run])
+        return at_max[np.append(run[at_max][1:] != run[at_max][:-1], True)]
+    order = stable_positions(edges, "step", "end")
+    ordered = step[order]
+    return order[np.flatnonzero(np.append(ordered[1:] != ordered[:-1], True))]
 
 
 def per_step(path: pl.DataFrame) -> pl.DataFrame:
