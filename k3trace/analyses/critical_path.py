@@ -150,10 +150,11 @@ def _nullable(name: str, values: np.ndarray, valid: np.ndarray, dtype: pl.DataTy
 
 def _latest(*candidates: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Per row the largest of the candidates present (`valid`), and whether any is."""
-    low = np.iinfo(np.int64).min
-    best = np.full(len(candidates[0][0]), low, dtype=np.int64)
+    # In place, where valid: no masked copy per candidate (each a fresh 20 MB at 2.5M
+    # kernels, whose first touches cost more than the arithmetic).
+    best = np.full(len(candidates[0][0]), np.iinfo(np.int64).min, dtype=np.int64)
     for values, valid in candidates:
-        best = np.maximum(best, np.where(valid, values, low))
+        np.maximum(best, values, out=best, where=valid)
     return best, np.logical_or.reduce([valid for _, valid in candidates])
 
 

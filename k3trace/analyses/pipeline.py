@@ -236,7 +236,8 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
         .join(on_path.by_kernel, on=["name", "family"], how="left")
         .join(on_path.slack, on=["name", "family"], how="left")
     ) if whole else None
-    dropped = steps.filter(~pl.col("stable")).group_by("drop_reason").len()
+    # Sorted: a grouping's order varies from run to run, and with it the JSON's key order.
+    dropped = steps.filter(~pl.col("stable")).group_by("drop_reason").len().sort("drop_reason")
     return Analysis(
         report=trace.source,
         nsys_version=trace.nsys_version,
