@@ -35,6 +35,12 @@ KEEP_PAGES_UP_TO_THREADS = 2
 #: cores at 2.53M kernels, 16 threads 4.96-5.82 s and a peak of 2.8 GB, 8 threads
 #: 4.81-5.94 s and 1.9-2.0 GB (two runs each; 4 threads 5.29-5.67 s, 1.8 GB).
 MAX_POLARS_THREADS = 8
+#: numpy's OpenBLAS starts a thread per core when numpy loads, and each spins about 2^28
+#: cycles (its THREAD_TIMEOUT) waiting for work before it sleeps. k3trace makes no BLAS
+#: call, so that is CPU taken from the analysis on every command that loads numpy: a cold
+#: analyze of 2.53M kernels on 2 cores, user time 3.68 -> 3.58 s, 2.87 -> 2.79 s wall
+#: (medians of 10, alternating, with OPENBLAS_NUM_THREADS=1 set outside).
+OPENBLAS_THREADS = "OPENBLAS_NUM_THREADS"
 #: glibc's mallopt parameter for the most arenas (malloc.h: M_ARENA_MAX).
 _M_ARENA_MAX = -8
 
@@ -48,7 +54,10 @@ def tune_allocator() -> None:
     faulted in afresh; from the main heap they are reused. A cold analyze of 2.53M kernels
     5.73 -> 5.12 s (system time 2.76 -> 1.95 s, peak 1790 -> 1697 MB), of 421k kernels
     1.05 -> 0.97 s (2 cores, medians of 6 and 8, alternating, with MALLOC_ARENA_MAX=1, what
-    this sets). Options the user set are left alone; polars' too where it is loaded already."""
+    this sets). And numpy's OpenBLAS without threads of its own (OPENBLAS_THREADS). Options
+    the user set are left alone; polars' and numpy's too where they are loaded already."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault(OPENBLAS_THREADS, "1")
     if "polars" not in sys.modules:
         threads = os.environ.setdefault(cores.POLARS_THREADS, str(min(cores.available(), MAX_POLARS_THREADS)))
         if threads.isdigit() and int(threads) <= KEEP_PAGES_UP_TO_THREADS:

@@ -158,6 +158,21 @@ def test_json_answers_leave_the_terminal_renderer_unimported(trace_sqlite, tmp_p
         assert "rich.progress" not in imported and ("rich.console" in imported) == ("--json" not in args), args
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads counted in /proc (Linux)")
+def test_command_loads_numpy_without_blas_threads():
+    """numpy's OpenBLAS starts a spinning thread per extra core when it loads; the command
+    makes no BLAS call, so it loads numpy without them (heap.OPENBLAS_THREADS), and leaves
+    a count the user set alone."""
+    probe = ("import os, k3trace.cli, numpy; "
+             "print(len(os.listdir('/proc/self/task')), os.environ['OPENBLAS_NUM_THREADS'])")
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=base, timeout=120)
+    assert done.stdout.split() == ["1", "1"], done.stderr[-500:]
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**base, "OPENBLAS_NUM_THREADS": "2"}, timeout=120)
+    assert done.stdout.split()[1] == "2", done.stderr[-500:]
+
+
 def test_version_and_short_help():
     assert invoke("--version").stdout.strip() == f"k3trace {k3trace.__version__}"
     for command in ([], ["analyze"], ["diff"], ["whatif"], ["record"], ["demo"], ["scrub"]):
