@@ -227,3 +227,24 @@ def test_analyses_at_once_split_the_readers(tmp_path, monkeypatch):
         assert len(src._rowid_parts("t")) == 4
     monkeypatch.setenv("K3TRACE_CORES", "1")
     assert src._rowid_parts("t") == [""]
+
+
+def test_ids_past_the_packed_bits_read_as_they_are(trace_sqlite, tmp_path):
+    """The kernel table's read packs pairs of id columns into one integer each (stream and
+    device, short and demangled name) and the launch dimensions past grid x; values past
+    those bits (a stream id over 2^32, a grid y over 2^16) still come through as they are
+    (the table read again column by column), as a plain SQLite read gives them."""
+    path = tmp_path / "wide_ids.sqlite"
+    shutil.copyfile(trace_sqlite("hf_base_a"), path)
+    path.chmod(0o644)
+    with sqlite3.connect(path) as con:
+        rowids = [r[0] for r in con.execute("SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY rowid LIMIT 2")]
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET streamId = ? WHERE rowid = ?", ((1 << 33) + 7, rowids[0]))
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridY = 70000 WHERE rowid = ?", (rowids[1],))
+        expected = sorted(con.execute("SELECT start, end, streamId, deviceId, shortName, gridY FROM "
+                                      "CUPTI_ACTIVITY_KIND_KERNEL").fetchall())
+        names = dict(con.execute("SELECT id, value FROM StringIds"))
+    kernels = load_report(path).kernels
+    got = sorted(kernels.select("start", "end", "stream_id", "device_id", "name").iter_rows())
+    assert got == [(s, e, stream, device, names[short]) for s, e, stream, device, short, _ in expected]
+    assert (1 << 33) + 7 in kernels["stream_id"].to_list()
