@@ -24,18 +24,22 @@ def with_units(kernels: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
 def representatives(kernels: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """unit -> the kernels of its fullest step (the lowest such step on a tie), in launch
     order (capture order for replays)."""
-    stepped = kernels.filter(pl.col("unit").is_not_null())
+    # The steps are chosen on their keys alone, and only their kernels are gathered whole
+    # (a filter of the kernels first copied every column of every step).
+    stepped = kernels.select("unit", "step").filter(pl.col("unit").is_not_null())
     if stepped.is_empty():
         return {}
     per_step = stepped.group_by("unit", "step").len().sort(["unit", "len", "step"], descending=[False, True, False])
     chosen = per_step.unique("unit", keep="first").select("unit", "step")
-    rep = stepped.join(chosen, on=["unit", "step"], how="semi").sort("unit", "launch_rank")
+    rep = kernels.join(chosen, on=["unit", "step"], how="semi").sort("unit", "launch_rank")
     return {str(unit): group for (unit,), group in rep.group_by("unit", maintain_order=True)}
 
 
 def needing(kernels: pl.DataFrame) -> set[str]:
     """Units none of whose kernels carries a layer label yet."""
-    stepped = kernels.filter(pl.col("unit").is_not_null())
+    # The two columns read, selected before the filter: filtering the kernels whole copied
+    # every column (2.2M kernels of a transformers Llama: 670 MB more at the peak).
+    stepped = kernels.select("unit", "layer").filter(pl.col("unit").is_not_null())
     labelled = stepped.filter(pl.col("layer").is_not_null()).select("unit").unique()
     return set(stepped.select("unit").unique().join(labelled, on="unit", how="anti")["unit"].to_list())
 
