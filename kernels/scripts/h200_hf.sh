@@ -2,10 +2,10 @@
 # Third-party decode recordings on the H200 (kernels/hf_llama.py: transformers' Llama, one module
 # changed per variant), through the device tool. Two calls while the machine stays warm, each
 # carrying .nsys (../shared/gpu/README.md):
-#   bash kernels/scripts/h200_hf.sh a;  ... b;  ... before;  ... repeats;  ... labels
+#   bash kernels/scripts/h200_hf.sh a;  ... b;  ... before;  ... repeats;  ... labels;  ... long
 # Leaves the standalone micro-benchmark, logs, compressed .qdstrm files and one Kineto trace in $OUT.
 set -u
-phase=${1:?phase a, b, before, repeats or labels}
+phase=${1:?phase a, b, before, repeats, labels or long}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 N=/tmp/nx/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys
 [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
@@ -59,6 +59,9 @@ rec hf_before_mlp_spin $B --variant mlp_spin
 rec hf_before_mlp_side_stream_a $B --variant mlp_side_stream
 rec hf_before_mlp_side_stream_b $B --variant mlp_side_stream
 rec hf_before_side_spin $B --variant side_spin
+elif [ $phase = long ]; then  # long decodes: k3trace's speed (issue 13) on code nobody here wrote
+rec hf_long_base --layers 24 --steps 600
+rec hf_long_norm_fused --layers 24 --steps 600 --variant norm_fused
 else
 rec hf_base_c
 rec hf_norm_fused_b --variant norm_fused
