@@ -209,8 +209,6 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
     extras = _Tasks({
         "checked": lambda: completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source),
         "windows": lambda: pre_attention.windows(stable_kernels, cfg),
-        **({"pdl_steps": lambda: pdl.per_step(pdl.same_stream_pairs(stable_kernels, cfg, named=False))}
-           if whole else {}),
     })
     with ThreadPoolExecutor(1) as side:
         spreading = (side.submit(extras.after, overlap_metrics, stable_kernels, steps, n, whole)
@@ -219,7 +217,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
         spread = (extras.after(overlap_metrics, stable_kernels, steps, n, whole) if spreading is None
                   else spreading.result())
     checked, windows = extras.result("checked"), extras.result("windows")
-    pdl_steps = extras.result("pdl_steps") if whole else None
+    pdl_steps = on_path.pdl_steps
     notes = []
     if assignment.other_lanes:
         notes.append(f"analysed process {assignment.lane[0]} on device {assignment.lane[1]}; "
@@ -279,6 +277,7 @@ class PathMetrics:
     by_kernel: pl.DataFrame | None    # name, family, critical_us
     path_steps: pl.DataFrame | None
     layer_critical: pl.DataFrame | None  # step, layer, critical_ns
+    pdl_steps: pl.DataFrame | None       # step, pdl_edges, gaps, gap_ns (pdl.per_step)
 
 
 def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl.DataFrame,
@@ -286,6 +285,8 @@ def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl
     """The critical path of every stable step and the representative step's graph
     (`whole=False`: without what only the kernel, layer and path-step tables read)."""
     edges = critical_path.dependency_edges(stable_kernels, cfg)
+    # The per-step PDL counts come off the edges' same-stream pairs (the sort is theirs).
+    pdl_steps = pdl.per_step(pdl.pairs_from_edges(edges, cfg)) if whole else None
     # Its numpy scans leave their freed arrays resident in malloc's heap (at 2.2M kernels
     # 300 MB more at the peak, which comes while the other side still runs).
     heap.trim()
@@ -312,7 +313,8 @@ def path_metrics(stable_kernels: pl.DataFrame, labelled: pl.DataFrame, steps: pl
     metrics = PathMetrics(path=path, graph=graph, by_family=critical_path.by_family(per), slack=slack,
                           by_kernel=critical_path.by_kernel(per) if whole else None,
                           path_steps=critical_path.per_step(path) if whole else None,
-                          layer_critical=layers.critical_per_step(path) if whole else None)
+                          layer_critical=layers.critical_per_step(path) if whole else None,
+                          pdl_steps=pdl_steps)
     heap.trim()
     return metrics
 
