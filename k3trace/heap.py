@@ -35,7 +35,7 @@ KEEP_PAGES_UP_TO_THREADS = 2
 #: cores at 2.53M kernels, 16 threads 4.96-5.82 s and a peak of 2.8 GB, 8 threads
 #: 4.81-5.94 s and 1.9-2.0 GB (two runs each; 4 threads 5.29-5.67 s, 1.8 GB).
 MAX_POLARS_THREADS = 8
-#: numpy's OpenBLAS starts a thread per core when numpy loads, and each spins about 2^28
+#: numpy's OpenBLAS starts a thread per extra core when numpy loads, each spinning about 2^28
 #: cycles (its THREAD_TIMEOUT) waiting for work before it sleeps. k3trace makes no BLAS
 #: call, so that is CPU taken from the analysis on every command that loads numpy: a cold
 #: analyze of 2.53M kernels on 2 cores, user time 3.68 -> 3.58 s, 2.87 -> 2.79 s wall
