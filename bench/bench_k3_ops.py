@@ -376,6 +376,84 @@ def mla_proj(B: int, calls: int) -> dict[str, float]:
             "fmha + wide combine || g_proj (S2)": per_call_us(beside_gate, calls)}
 
 
+def mla_round(B: int, calls: int) -> dict[str, float]:
+    """The eleventh round's MLA changes at the K3 shapes, back to back and one call at a time
+    (rotating 4 caches / weight copies past the L2): the FMHA + wide combine at 65 splits of
+    128 tokens (c51) against one-tile splits of 64 (fmha_one_tile) with the rows before the
+    wait (fmha_early_kv), each alone and beside g_proj on S2 as in the step; q_b's output ->
+    absorb and combine's output -> V-up -> gate_mul by cuBLAS's BMM (c51) against
+    head_bmm_kernel (mla_head_bmm) with the gate in its epilogue (mla_gate_in_v)."""
+    from kernels.k3.config import K3Config
+    from kernels.k3.ops.mla import FMHA_BLOCK_N, gate_mul, head_bmm, mla_decode_combine, mla_decode_fmha
+    from kernels.streams import fork, join
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    res: dict[str, float] = {}
+    cfg = K3Config(batch=B)
+    NH, DL, ROW = cfg.mla_heads, cfg.kv_lora, cfg.kv_a_width
+    pages = B * cfg.pages_per_request
+    caches = [torch.randn(pages, cfg.page_size, ROW, device="cuda", dtype=BF, generator=g) for _ in range(4)]
+    table = torch.randperm(pages, device="cuda", generator=g).to(I32).view(B, -1).contiguous()
+    seq = torch.full((B,), cfg.seq_len, device="cuda", dtype=I32)
+    q = torch.randn(B, NH, ROW, device="cuda", dtype=BF, generator=g)
+    lat = torch.empty(NH, B, DL, device="cuda", dtype=BF).transpose(0, 1)
+    x = torch.randn(B, cfg.hidden, device="cuda", dtype=BF, generator=g)
+    g_w = [torch.randn(cfg.hidden, cfg.mla_out_width, device="cuda", dtype=BF, generator=g) * cfg.hidden ** -0.5
+           for _ in range(4)]
+    g_out = torch.empty(B, cfg.mla_out_width, device="cuda", dtype=BF)
+    s2 = torch.cuda.Stream()
+    forms = {"c51: fmha + wide combine, 65 x 128": (cfg, {}),
+             "fmha_one_tile: 129 x 64": (cfg.with_(fmha_split_tokens=64), {"block_n": 64, "first_early": True}),
+             "fmha_one_tile+fmha_early_kv": (cfg.with_(fmha_split_tokens=64),
+                                            {"block_n": 64, "first_early": True, "early_kv": True})}
+    for name, (c, kw) in forms.items():
+        S = c.fmha_splits
+        partial = torch.empty(B, NH, S, DL, device="cuda", dtype=F32)
+        lse = torch.empty(B, NH, S, device="cuda", dtype=F32)
+        bn = kw.get("block_n", FMHA_BLOCK_N)
+
+        def attention(i, S=S, partial=partial, lse=lse, kw=kw, bn=bn):
+            mla_decode_fmha(q, caches[i % 4], table, seq, partial, lse, cfg.sm_scale, num_splits=S,
+                            page_size=cfg.page_size, **kw)
+            mla_decode_combine(partial, lse, seq, lat, wide=True, block_n=bn)
+
+        def beside_gate(i, attention=attention):
+            main = torch.cuda.current_stream()
+            fork(main, s2, enabled=True)
+            with torch.cuda.stream(s2):
+                torch.mm(x, g_w[i % 4], out=g_out)
+            attention(i)
+            join(main, s2, enabled=True)
+
+        res[f"{name}"] = per_call_us(attention, calls)
+        res[f"{name}, one call"] = single_call_us(attention, 4)
+        res[f"{name} || g_proj (S2)"] = per_call_us(beside_gate, calls)
+        res[f"{name} || g_proj (S2), one call"] = single_call_us(beside_gate, 4)
+    # The per-head products: 1.5 MB of weights each; 48 copies (72 MB) rotate past the 60 MB L2.
+    copies = 48
+    w_uk = [torch.randn(NH, cfg.qk_nope, DL, device="cuda", dtype=BF, generator=g) * 0.1 for _ in range(copies)]
+    w_uv = [torch.randn(NH, DL, cfg.v_head, device="cuda", dtype=BF, generator=g) * 0.05 for _ in range(copies)]
+    q_b = torch.randn(B, NH, cfg.qk_head, device="cuda", dtype=BF, generator=g)
+    q_nope = q_b[:, :, :cfg.qk_nope].transpose(0, 1)
+    q_abs = torch.empty(NH, B, DL, device="cuda", dtype=BF)
+    o = torch.empty(B, NH, cfg.v_head, device="cuda", dtype=BF)
+    gated = torch.empty(B, cfg.mla_out_width, device="cuda", dtype=BF)
+    a_lat = torch.randn(NH, B, DL, device="cuda", dtype=BF, generator=g)
+    chains = {
+        "c51: absorb (cuBLAS BMM)": lambda i: torch.bmm(q_nope, w_uk[i % copies], out=q_abs),
+        "mla_head_bmm: absorb": lambda i: head_bmm(q_nope, w_uk[i % copies], q_abs),
+        "c51: V-up (cuBLAS BMM) -> gate_mul": lambda i: (torch.bmm(a_lat, w_uv[i % copies], out=o.transpose(0, 1)),
+                                                         gate_mul(o.view(B, -1), g_out, gated)),
+        "mla_head_bmm: V-up -> gate_mul": lambda i: (head_bmm(a_lat, w_uv[i % copies], o.transpose(0, 1)),
+                                                     gate_mul(o.view(B, -1), g_out, gated)),
+        "mla_gate_in_v: V-up with the gate": lambda i: head_bmm(a_lat, w_uv[i % copies],
+                                                                gated.view(B, NH, -1).transpose(0, 1), gate=g_out)}
+    for name, fn in chains.items():
+        res[name] = per_call_us(fn, calls)
+        res[f"{name}, one call"] = single_call_us(fn, copies)
+    return res
+
+
 def _attn_res_inputs(B: int):
     """(bank, query, gamma, scores, out) of one aggregation at H = 7168."""
     from kernels.k3.ops import attn_res as A
@@ -965,12 +1043,22 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "router_in_front": (92, "c20 head", "router_in_front (64, 128, 4, 4) x(8, 2) (default)"),
            "attn_res_in_o_proj": (93, "o_proj -> score -> combine", "attn_res_in_o_proj:"),
            "moe_down_mixed": (92, "grouped down + weighted sum one call", "moe_down_mix one call"),
-           "attn_res_one_pass": (186, "attn_res_dot, one call", "attn_res_one_pass, one call")}
+           "attn_res_one_pass": (186, "attn_res_dot, one call", "attn_res_one_pass, one call"),
+           "fmha_one_tile": (24, "c51: fmha + wide combine, 65 x 128 || g_proj (S2), one call",
+                             "fmha_one_tile: 129 x 64 || g_proj (S2), one call"),
+           "fmha_early_kv": (24, "fmha_one_tile: 129 x 64 || g_proj (S2), one call",
+                             "fmha_one_tile+fmha_early_kv || g_proj (S2), one call"),
+           "mla_head_bmm (absorb)": (24, "c51: absorb (cuBLAS BMM), one call", "mla_head_bmm: absorb, one call"),
+           "mla_head_bmm (V-up)": (24, "c51: V-up (cuBLAS BMM) -> gate_mul, one call",
+                                   "mla_head_bmm: V-up -> gate_mul, one call"),
+           "mla_gate_in_v": (24, "mla_head_bmm: V-up -> gate_mul, one call", "mla_gate_in_v: V-up with the gate, one call")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
            "attn_res_one_pass": "attn_res_fused",
-           "latent_norm_folded": "moe_tail_fused", "moe_sum_norm_fused": "moe_tail_fused"}
+           "latent_norm_folded": "moe_tail_fused", "moe_sum_norm_fused": "moe_tail_fused",
+           "fmha_one_tile": "mla_round", "fmha_early_kv": "mla_round", "mla_head_bmm (absorb)": "mla_round",
+           "mla_head_bmm (V-up)": "mla_round", "mla_gate_in_v": "mla_round"}
 
 
 def main() -> int:
@@ -1002,7 +1090,8 @@ def main() -> int:
             "linear_gluon": lambda: linear_gluon(B, args.calls),
             "linear_ws": lambda: linear_ws(B, args.calls),
             "moe_hops": lambda: moe_hops(B, args.calls),
-            "shared_up": lambda: shared_up(B, args.calls)}
+            "shared_up": lambda: shared_up(B, args.calls),
+            "mla_round": lambda: mla_round(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

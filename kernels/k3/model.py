@@ -47,7 +47,8 @@ from kernels.k3.ops.attn_res import (
 )
 from kernels.k3.ops.common import early_trigger, trigger_first
 from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
-from kernels.k3.ops.mla import gate_mul, mla_cache_insert, mla_decode_combine, mla_decode_fmha, mla_q_concat
+from kernels.k3.ops.mla import (FMHA_BLOCK_N, gate_mul, head_bmm, mla_cache_insert, mla_decode_combine,
+                                  mla_decode_fmha, mla_q_concat)
 from kernels.k3.ops.moe import (
     alloc_front_router_done,
     moe_align,
@@ -240,9 +241,9 @@ class K3Decode:
 
     def __init__(self, cfg: K3Config, variant: Variant = BASELINE,
                  device: str | torch.device = "cuda") -> None:
-        if variant.fmha_short_splits:
+        if variant.fmha_short_splits or variant.fmha_one_tile:
             # Twice the split-KV programs at B = 1 (129, not 65: the SMs covered once); the
-            # wide combine reads the extra partials cheaply.
+            # wide combine reads the extra partials cheaply. fmha_one_tile: each split one tile.
             cfg = cfg.with_(fmha_split_tokens=max(1, cfg.fmha_split_tokens // 2))
         self.cfg, self.variant = cfg, variant
         self.device = torch.device(device)
@@ -523,6 +524,16 @@ class K3Decode:
         with self._subop(subop):
             torch.mm(a, w, out=out)
 
+    def _head_bmm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+                  gate: torch.Tensor | None = None) -> None:
+        """The MLA's per-head products: head_bmm_kernel under mla_head_bmm (with the output
+        gate under mla_gate_in_v), else cuBLAS's BMM."""
+        if P.head_bmms(self.cfg, self.variant):
+            self._triton(subop, head_bmm, a, w, out, **({"gate": gate} if gate is not None else {}))
+            return
+        assert gate is None
+        self._bmm(subop, a, w, out)
+
     def _bmm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         # a, out may be strided views; cuBLAS takes them as they are (no copy kernels:
         # the graph-node test would count them).
@@ -681,7 +692,7 @@ class K3Decode:
                 self._mm(P.Q_A, s.x, w.q_a, s.q_a)
             self._triton(P.Q_A_NORM, rmsnorm, s.q_a, w.q_a_norm, s.q_a_n, cfg.norm_eps)
             self._mm(P.Q_B, s.q_a_n, w.q_b, s.q_b)
-            self._bmm(P.ABSORB, q_nope.transpose(0, 1), w.w_uk, s.q_abs)
+            self._head_bmm(P.ABSORB, q_nope.transpose(0, 1), w.w_uk, s.q_abs)
             with self._on(kv):
                 if not merged:
                     self._mm(P.KV_A, s.x, w.kv_a, s.kv_a)
@@ -699,16 +710,25 @@ class K3Decode:
             if not merged:
                 with self._on(gate):  # overlaps the FMHA
                     self._mm(P.G_PROJ, s.x, w.g_proj, s.g)
+            # fmha_one_tile: each split one tile of cfg.fmha_split_tokens (halved above).
+            tile = cfg.fmha_split_tokens if v.fmha_one_tile else FMHA_BLOCK_N
             self._triton(P.FMHA, mla_decode_fmha, s.q_full, w.cache, self.block_table,
                          self.seq_lens, s.fmha_partial, s.fmha_lse, cfg.sm_scale,
-                         num_splits=cfg.fmha_splits, page_size=cfg.page_size)
+                         num_splits=cfg.fmha_splits, page_size=cfg.page_size, block_n=tile,
+                         first_early=v.fmha_one_tile, early_kv=P.fmha_early_kv(cfg, v))
             self._triton(P.FMHA_COMBINE, mla_decode_combine, s.fmha_partial, s.fmha_lse,
-                         self.seq_lens, s.attn_lat.transpose(0, 1), wide=v.mla_combine_wide)
-            self._bmm(P.V_UP, s.attn_lat, w.w_uv, s.mla_o.transpose(0, 1))
-            if not merged:
+                         self.seq_lens, s.attn_lat.transpose(0, 1), wide=v.mla_combine_wide, block_n=tile)
+            gated = P.gate_in_v(cfg, v)
+            if not merged and gated:
                 self._join(gate)
-            self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
-                         s.mla_gated)
+            # mla_gate_in_v: V-up writes o * sigmoid(g) straight into the o_proj's input.
+            v_out = s.mla_gated.view(B, NH, -1) if gated else s.mla_o
+            self._head_bmm(P.V_UP, s.attn_lat, w.w_uv, v_out.transpose(0, 1), gate=s.g if gated else None)
+            if not merged and not gated:
+                self._join(gate)
+            if not gated:
+                self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
+                             s.mla_gated)
             self._o_proj(l, s.mla_gated, w.o_proj)
             self._all_reduce()
 

@@ -80,6 +80,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "mla_decode_combine": ("mla_decode_combine_kernel",),
     "mla_decode_combine/wide": ("mla_decode_combine_wide_kernel",),
     "gate_mul": ("gate_mul_kernel",),
+    "head_bmm": ("head_bmm_kernel",),            # mla_head_bmm: the absorb and V-up BMMs (mla_gate_in_v: + gate)
     "moe_router": ("moe_router_kernel",),
     "moe_router/multipass": ("moe_router_group_kernel", "moe_router_merge_kernel"),
     "moe_align": ("moe_align_kernel",),
@@ -321,14 +322,36 @@ def mla_proj_merges(cfg: K3Config, v: Variant) -> bool:
     return v.mla_proj_merged and cfg.batch <= SKINNY_MAX_B
 
 
+def head_bmms(cfg: K3Config, v: Variant) -> bool:
+    """mla_head_bmm: at B <= SKINNY_MAX_B (the batch rides in the MMA's rows) the absorb and
+    V-up BMMs run as head_bmm_kernel, a Triton kernel in the PDL chain with its weights
+    loaded before its wait, where cuBLAS's BMM launched only after its producer completed
+    (3.2 and 3.8 us on the c51 path for 1.5 MB each)."""
+    return v.mla_head_bmm and cfg.batch <= SKINNY_MAX_B
+
+
+def gate_in_v(cfg: K3Config, v: Variant) -> bool:
+    """mla_gate_in_v: with head_bmms, V-up multiplies by sigmoid(g) in its epilogue, so the
+    g_proj leg joins before V-up and the gate_mul launch (and its dependent hop) goes."""
+    return v.mla_gate_in_v and head_bmms(cfg, v)
+
+
+def fmha_early_kv(cfg: K3Config, v: Variant) -> bool:
+    """fmha_early_kv: with fmha_one_tile, the FMHA loads its tile's cache rows before its PDL
+    wait. Safe only where the step's new cache row comes from the KV leg (forks on): its
+    insert completed before q_concat, the FMHA's producer, started. Forks off, q_concat
+    itself writes that row, so the rows stay after the wait."""
+    return v.fmha_early_kv and v.fmha_one_tile and v.attn_forks
+
+
 def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
     f, merged = v.attn_forks, mla_proj_merges(cfg, v)
     kv = AUX1 if f else MAIN
+    bmm = (lambda subop: _t(subop, MAIN, "head_bmm")) if head_bmms(cfg, v) else (lambda subop: _mm(subop, MAIN, "bmm"))
     items: list[Item] = [_t(X_PROJ, MAIN, "skinny_mm")] if merged else []
     if f:
         items.append(Fork(AUX1))
-    items += [*([] if merged else [_mm(Q_A, MAIN)]), _t(Q_A_NORM, MAIN, "rmsnorm"), _mm(Q_B, MAIN),
-              _mm(ABSORB, MAIN, "bmm")]
+    items += [*([] if merged else [_mm(Q_A, MAIN)]), _t(Q_A_NORM, MAIN, "rmsnorm"), _mm(Q_B, MAIN), bmm(ABSORB)]
     items += [*([] if merged else [_mm(KV_A, kv)]), _t(KV_A_NORM, kv, "rmsnorm")]
     if f:  # forked: the KV leg writes its cache row itself; unforked: fused into q_concat
         items += [_t(CACHE_INSERT, kv, "mla_cache_insert"), Join(AUX1)]
@@ -339,12 +362,16 @@ def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
     if not merged:
         items.append(_mm(G_PROJ, AUX2 if f else MAIN))
     combine = "mla_decode_combine/wide" if v.mla_combine_wide else None
-    items += [_t(FMHA, MAIN, "mla_decode_fmha"),
-              _t(FMHA_COMBINE, MAIN, "mla_decode_combine", combine),
-              _mm(V_UP, MAIN, "bmm")]
-    if gate_leg:
+    items += [_t(FMHA, MAIN, "mla_decode_fmha"), _t(FMHA_COMBINE, MAIN, "mla_decode_combine", combine)]
+    gated = gate_in_v(cfg, v)
+    if gate_leg and gated:  # V-up reads g
         items.append(Join(AUX2))
-    items += [_t(GATE_MUL, MAIN, "gate_mul"), _mm(O_PROJ, MAIN), AllReduce()]
+    items.append(bmm(V_UP))
+    if gate_leg and not gated:
+        items.append(Join(AUX2))
+    if not gated:
+        items.append(_t(GATE_MUL, MAIN, "gate_mul"))
+    items += [_mm(O_PROJ, MAIN), AllReduce()]
     return items
 
 

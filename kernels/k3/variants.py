@@ -59,6 +59,10 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "moe_down_atomic": ("moe_down_atomic", True),          # B = 1: the down GEMM adds the weighted sum atomically
     "situ_in_gate_up": ("situ_in_gate_up", True),          # B = 1: the routed SiTU in the gate|up GEMM's epilogue
     "shared_in_up": ("shared_in_up", True),                # B = 1: the shared experts' down GEMM inside the up GEMM
+    "fmha_one_tile": ("fmha_one_tile", True),              # split-KV programs of one 64-token tile, look-ups early
+    "fmha_early_kv": ("fmha_early_kv", True),              # with fmha_one_tile: the cache rows before the wait
+    "mla_head_bmm": ("mla_head_bmm", True),                # B <= 16: the absorb and V-up BMMs as a Triton PDL kernel
+    "mla_gate_in_v": ("mla_gate_in_v", True),              # with mla_head_bmm: the output gate in V-up's epilogue
 }
 
 DELAY_PREFIX = "delay"
@@ -122,6 +126,12 @@ class Variant:
                                      # stores SiTU of them: no routed situ_mul launch
     shared_in_up: bool = False       # B = 1, with triton_linear: the up GEMM reads [latent | shared h] against
                                      # [up ; shared down], so the shared experts' cuBLAS GEMM on S1 goes
+    fmha_one_tile: bool = False      # split-KV programs of one tile (64 tokens at K3) whose page look-ups
+                                     # come before the PDL wait
+    fmha_early_kv: bool = False      # with fmha_one_tile: the tile's cache rows before the wait too (forks on:
+                                     # the KV leg wrote the new row before the FMHA's producer started)
+    mla_head_bmm: bool = False       # B <= 16: the absorb and V-up BMMs as head_bmm_kernel (Triton, PDL), not cuBLAS
+    mla_gate_in_v: bool = False      # with mla_head_bmm: V-up applies the output gate (no gate_mul launch)
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

@@ -181,6 +181,15 @@ C54=$C53+situ_in_gate_up
 # C53 +0.08 ms, C54 +0.02 against C51 (campaign33; C54 -0.06 against C53: with no side GEMM left
 # to starve, situ_in_gate_up gains). The 11 MB moved onto the up GEMM's stream, on the path; beside
 # the routed down GEMM they had cost it 0.6 us. Neither kept.
+# Eleventh round, on C51: the MLA segment. In the c51 recording an MLA layer runs ~15 us longer than
+# a KDA layer, its attention ~45 us against a ~20 us floor: FMHA + combine 17.4 us beside g_proj
+# (65 splits of 128 tokens, four 32-token tiles each, on half the SMs), the cuBLAS absorb and V-up
+# BMMs 3.2 and 3.8 us for 1.5 MB each, launched only after their producers complete, and gate_mul's hop.
+C55=$C51+fmha_one_tile            # 129 splits of one 64-token tile, the page look-ups before the wait
+C56=$C55+fmha_early_kv            # and the tile's cache rows before the wait
+C57=$C51+mla_head_bmm             # absorb and V-up as head_bmm_kernel, in the PDL chain
+C58=$C57+mla_gate_in_v            # V-up applies the output gate (no gate_mul launch)
+C59=$C56+mla_head_bmm+mla_gate_in_v
 
 case $phase in
 campaign_test)
@@ -537,6 +546,19 @@ campaign32_final)  # after the tenth round's last kernel change: every GPU test 
   timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
     tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
     | tee $OUT/gpu32_all.log | tail -4 ;;
+campaign34)  # round 11 (MLA): the new ops' and model GPU tests, the mla_round case, C51 / C55..C59 (3 rounds)
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py -k "one_tile or head_bmm or mla_decode" 2>&1 \
+    | tee $OUT/gpu34_ops.log | tail -2
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "(matches_reference or kernel_nodes) and fmha_one_tile and not 64 or early_kv_bitwise" 2>&1 | tee $OUT/gpu34.log | tail -2
+  timeout 120 python3 bench/bench_k3_ops.py --batch 1 --cases mla_round --json $OUT/ops34_b1.json 2>&1 \
+    | tee $OUT/ops34_b1.log | tail -30
+  timeout 260 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C51 $C55 $C56 $C57 $C58 $C59 $C51 $C55 $C56 $C57 $C58 $C59 --json $OUT/step34.json 2>&1 | grep "B=" ;;
+campaign34_rec)  # record_ab c51 cNN (carry .nsys) for the round's best build; B = 8 C51 / cNN
+  v=C${2#c}
+  timeout 90 python3 bench/bench_k3_step.py --batches 8 --variants $C51 ${!v} $C51 ${!v} --json $OUT/step34_b8.json 2>&1 | grep "B="
+  bash $0 record_ab c51 $2 ;;
 campaign33)  # shared_in_up: the model's GPU tests; C51 / C53 / C54 (3 rounds); record_ab c51 c53 (carry .nsys)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "shared_in_up and not 64" 2>&1 \
     | tee $OUT/gpu33.log | tail -2

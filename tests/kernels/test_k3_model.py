@@ -82,6 +82,9 @@ DOWN_ATOMIC = f"{GLUON}+moe_down_atomic"
 SITU_GATE_UP = f"{DOWN_ATOMIC}+situ_in_gate_up"
 #: and with the shared experts' down GEMM stacked into the up GEMM (variant shared_in_up).
 SHARED_UP = f"{DOWN_ATOMIC}+shared_in_up"
+#: c51 with the eleventh round's MLA changes: one-tile FMHA splits with their rows before the
+#: wait, the absorb and V-up as head_bmm_kernel, the output gate in V-up's epilogue.
+MLA_ROUND = f"{DOWN_ATOMIC}+fmha_one_tile+fmha_early_kv+mla_head_bmm+mla_gate_in_v"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -291,7 +294,11 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
                                                                            ("situ_in_gate_up", 1), ("moe_down_atomic+situ_in_gate_up", 1),
                                                                            ("triton_linear+shared_in_up", 1),
                                                                            ("triton_linear+moe_down_atomic+shared_in_up", 1),
-                                                                           ("attn_res_one_pass", 1), (ONE_PASS, 1)])
+                                                                           ("attn_res_one_pass", 1), (ONE_PASS, 1),
+                                                                           ("fmha_one_tile", 1), ("fmha_one_tile+fmha_early_kv", 2),
+                                                                           ("mla_head_bmm", 1), ("mla_head_bmm+mla_gate_in_v", 2),
+                                                                           ("no_attn_forks+fmha_one_tile+fmha_early_kv+mla_head_bmm"
+                                                                            "+mla_gate_in_v", 1)])
 def test_campaign_variants_near_baseline(name, batch):
     # router_fork forks at B = 1 only; B = 2 keeps the baseline head.
     cfg = TINY_BLOCKS.with_(batch=batch)
@@ -420,7 +427,7 @@ def test_gpu_side_priority_raises_the_side_streams():
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
                                   "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
-                                  SITU_GATE_UP, SHARED_UP])
+                                  SITU_GATE_UP, SHARED_UP, MLA_ROUND])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -443,7 +450,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
-                                  SHARED_UP])
+                                  SHARED_UP, MLA_ROUND])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()
@@ -537,6 +544,16 @@ def test_gpu_situ_in_gate_up_bitwise():
     # The same h from one kernel instead of two: c49's replayed outputs bit for bit (c49, not
     # DOWN_ATOMIC, whose atomic sums vary in their last bits from run to run).
     assert_same(gpu_replay_outputs(1, GLUON, steps=3), gpu_replay_outputs(1, f"{GLUON}+situ_in_gate_up", steps=3))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_fmha_early_kv_bitwise(batch):
+    # The cache rows loaded before the wait are the rows loaded after it: c49 with one-tile
+    # splits, replayed outputs bit for bit with and without fmha_early_kv (compiled, PDL on).
+    one_tile = f"{GLUON}+fmha_one_tile"
+    assert_same(gpu_replay_outputs(batch, one_tile, steps=3), gpu_replay_outputs(batch, f"{one_tile}+fmha_early_kv", steps=3))
 
 
 @cpu

@@ -496,6 +496,125 @@ def test_mla_decode(NH, DL, DR, page, seq):
     assert torch.equal(wide[seq_lens == 0], out[seq_lens == 0])  # zeros, not NaN
 
 
+@pytest.mark.parametrize("NH,DL,DR,page,seq,early_kv", [
+    (2, 64, 16, 16, [1, 37, 150, 0], False),
+    (2, 64, 16, 16, [1, 37, 150, 0], True),
+    (12, 512, 64, 64, [1, 100, 300], True),
+])
+def test_mla_decode_one_tile(NH, DL, DR, page, seq, early_kv):
+    """Variants fmha_one_tile / fmha_early_kv: 16-token tiles with the first tile's page look-ups
+    (and cache rows) before the wait, against float64 attention (2e-2) and against the
+    baseline kernel at the same tile size bit for bit (the same online softmax, tile by
+    tile). Splits of one tile (the variants' shape), of several (the remainder loop) and
+    empty ones (lse = -inf), and a zero-length request."""
+    B = len(seq)
+    g = gen(19)
+    max_pages = 20
+    pages = B * max_pages + 4
+    cache = randn(g, pages, page, DL + DR)
+    block_table = (torch.randperm(pages, generator=torch.Generator().manual_seed(19))[:B * max_pages]
+                   .view(B, max_pages).to(device=DEV, dtype=I32))
+    seq_lens = torch.tensor(seq, device=DEV, dtype=I32)
+    q = randn(g, B, NH, DL + DR)
+    sm_scale = 192 ** -0.5
+    ref = R.ref_mla_decode(q, cache, block_table, seq_lens, sm_scale, DL, page)
+    for S in (4, 19):  # 4: several tiles per split at 300 tokens; 19: one tile each, the rest empty
+        outs = []
+        for first in (False, True):
+            partial = torch.empty(B, NH, S, DL, device=DEV, dtype=F32)
+            lse = torch.empty(B, NH, S, device=DEV, dtype=F32)
+            out = torch.empty(B, NH, DL, device=DEV, dtype=BF)
+            mla.mla_decode_fmha(q, cache, block_table, seq_lens, partial, lse, sm_scale, num_splits=S,
+                                page_size=page, block_n=16, first_early=first, early_kv=early_kv and first)
+            mla.mla_decode_combine(partial, lse, seq_lens, out, wide=True, block_n=16)
+            outs.append((partial, lse, out))
+            close(out, ref)
+            assert torch.equal(out[seq_lens == 0], torch.zeros_like(out[seq_lens == 0]))
+        (p0, l0, o0), (p1, l1, o1) = outs
+        assert torch.equal(l0, l1) and torch.equal(o0, o1)
+        assert torch.equal(p0[torch.isfinite(l0)], p1[torch.isfinite(l1)])
+    assert torch.isinf(l1[0, :, 1:]).all()  # seq_len 1: only split 0 has a token
+    with pytest.raises(AssertionError, match="first_early"):
+        mla.mla_decode_fmha(q, cache, block_table, seq_lens, partial, lse, sm_scale, num_splits=S,
+                            page_size=page, early_kv=True)
+
+
+def _head_bmm_case(NH, B, K, N, gated, seed, heads_first_out):
+    g = gen(seed)
+    a = randn(g, B, NH, K + 8)[:, :, 4:K + 4].transpose(0, 1)  # a strided view, as q_nope is
+    w = randn(g, NH, K, N, scale=K ** -0.5)
+    gate = randn(g, B, NH * N + 16)[:, 8:NH * N + 8] if gated else None
+    out = (torch.empty(NH, B, N, device=DEV, dtype=BF) if heads_first_out
+           else torch.empty(B, NH, N, device=DEV, dtype=BF).transpose(0, 1))
+    mla.head_bmm(a, w, out, gate=gate)
+    ref = torch.bmm(a.double(), w.double())
+    if gated:
+        ref = ref * torch.sigmoid(gate.double().view(B, NH, N).transpose(0, 1))
+    close(out, ref)
+
+
+@pytest.mark.parametrize("NH,B,K,N,gated", [
+    (3, 1, 32, 64, False), (3, 3, 64, 32, True), (2, 5, 512, 16, True), (2, 1, 1024, 32, False),
+])
+def test_head_bmm(NH, B, K, N, gated):
+    """Variants mla_head_bmm / mla_gate_in_v: per-head a @ w (one K block and several), with
+    and without the sigmoid gate, strided inputs and outputs, against float64 (2e-2)."""
+    _head_bmm_case(NH, B, K, N, gated, 30 + B, heads_first_out=not gated)
+
+
+@gpu_only
+@pytest.mark.parametrize("B", [1, 8])
+def test_gpu_head_bmm_k3(B):
+    """The absorb (128 -> 512) and V-up (512 -> 128, gated and not) at the K3 shapes, and
+    near torch.bmm + gate_mul, the pair it replaces (two bf16 roundings against one)."""
+    _head_bmm_case(12, B, 128, 512, False, 40 + B, heads_first_out=True)
+    for gated in (False, True):
+        _head_bmm_case(12, B, 512, 128, gated, 50 + B, heads_first_out=False)
+    g = gen(60 + B)
+    a, w, gg = randn(g, 12, B, 512), randn(g, 12, 512, 128, scale=512 ** -0.5), randn(g, B, 1536)
+    o = torch.empty(B, 12, 128, device=DEV, dtype=BF)
+    torch.bmm(a, w, out=o.transpose(0, 1))
+    pair = torch.empty(B, 1536, device=DEV, dtype=BF)
+    mla.gate_mul(o.view(B, 1536), gg, pair)
+    fused = torch.empty(B, 12, 128, device=DEV, dtype=BF)
+    mla.head_bmm(a, w, fused.transpose(0, 1), gate=gg)
+    close(fused.view(B, 1536), pair)
+
+
+@gpu_only
+@pytest.mark.parametrize("B", [1, 8])
+def test_gpu_mla_decode_one_tile_k3(B):
+    """fmha_one_tile / fmha_early_kv at the K3 shape (8193 tokens, 129 splits of one 64-token
+    tile) against the baseline's 65 splits of 128 (near: fp32 sums in another order) and
+    against float64; compiled, so the early loads really precede the wait."""
+    from kernels.k3.config import K3Config
+
+    g = gen(70 + B)
+    cfg, cfg64 = K3Config(batch=B), K3Config(batch=B, fmha_split_tokens=64)
+    NH, DL, ROW, page = cfg.mla_heads, cfg.kv_lora, cfg.kv_a_width, cfg.page_size
+    n_pages = cfg.pages_per_request
+    cache = randn(g, B * n_pages + 3, page, ROW)
+    block_table = (torch.randperm(B * n_pages + 3, generator=torch.Generator().manual_seed(7))[:B * n_pages]
+                   .view(B, n_pages).to(device=DEV, dtype=I32))
+    seq_lens = torch.full((B,), cfg.seq_len, device=DEV, dtype=I32)
+    q = randn(g, B, NH, ROW)
+    outs = []
+    for c, kw in ((cfg, {}), (cfg64, {"block_n": 64, "first_early": True}),
+                  (cfg64, {"block_n": 64, "first_early": True, "early_kv": True})):
+        S = c.fmha_splits
+        partial = torch.empty(B, NH, S, DL, device=DEV, dtype=F32)
+        lse = torch.empty(B, NH, S, device=DEV, dtype=F32)
+        out = torch.empty(B, NH, DL, device=DEV, dtype=BF)
+        mla.mla_decode_fmha(q, cache, block_table, seq_lens, partial, lse, cfg.sm_scale, num_splits=S,
+                            page_size=page, **kw)
+        mla.mla_decode_combine(partial, lse, seq_lens, out, wide=True, block_n=kw.get("block_n", mla.FMHA_BLOCK_N))
+        outs.append(out)
+    assert cfg64.fmha_splits == 129 and cfg.fmha_splits == 65
+    close(outs[0], R.ref_mla_decode(q, cache, block_table, seq_lens, cfg.sm_scale, DL, page))
+    close(outs[1], outs[0], atol=1e-2, rtol=1e-2)
+    assert torch.equal(outs[1], outs[2])
+
+
 def test_gate_mul():
     """out = o * sigmoid(g) with a strided g view (2e-2)."""
     g = gen(10)
@@ -931,6 +1050,17 @@ for B in (1, 8, 64):
         mla.mla_decode_combine(e(B, 12, S, 512, dt=F32), e(B, 12, S, dt=F32), e(B, dt=I32),
                                e(12, B, 512).transpose(0, 1), wide=wide)
     mla.gate_mul(e(B, 1536), e(B, 1536), e(B, 1536))
+    S64 = max(1, 129 // B)  # variants fmha_one_tile / fmha_early_kv: 64-token one-tile splits
+    for early_kv in (False, True):
+        mla.mla_decode_fmha(e(B, 12, 576), cache, e(B, 130, dt=I32), e(B, dt=I32),
+                            e(B, 12, S64, 512, dt=F32), e(B, 12, S64, dt=F32), 0.07, num_splits=S64,
+                            block_n=64, first_early=True, early_kv=early_kv)
+    mla.mla_decode_combine(e(B, 12, S64, 512, dt=F32), e(B, 12, S64, dt=F32), e(B, dt=I32),
+                           e(12, B, 512).transpose(0, 1), wide=True, block_n=64)
+    if B <= 16:  # variants mla_head_bmm, mla_gate_in_v
+        mla.head_bmm(e(B, 12, 192)[:, :, :128].transpose(0, 1), e(12, 128, 512), e(12, B, 512))
+        for gate in (None, e(B, 1536)):
+            mla.head_bmm(e(12, B, 512), e(12, 512, 128), e(B, 12, 128).transpose(0, 1), gate=gate)
     ids, w = e(B, 16, dt=I32), e(B, 16, dt=F32)
     moe.moe_router(e(B, 6016)[:, :896], e(896, dt=F32), ids, w)
     if B == 1:

@@ -155,11 +155,41 @@ def test_baseline_counts():
     ("moe_down_atomic", -92),           # the weighted sum, added by the down GEMM (B = 1)
     ("situ_in_gate_up", -92),           # the routed SiTU, in the gate|up GEMM's epilogue (B = 1)
     ("shared_in_up", 0),                # needs triton_linear's up GEMM (below)
+    ("fmha_one_tile", 0), ("fmha_one_tile+fmha_early_kv", 0),  # the same FMHA, other tiles and loads
+    ("fmha_early_kv", 0),               # needs fmha_one_tile
+    ("mla_gate_in_v", 0),               # needs mla_head_bmm (below)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
     assert p.triton_kernels - base.triton_kernels == delta
     assert p.cublas_calls == base.cublas_calls
+
+
+def test_mla_head_bmm_takes_the_two_bmms_and_gate_in_v_the_gate_mul():
+    # B = 1: the absorb and V-up of the 24 MLA layers leave cuBLAS for head_bmm_kernel; with
+    # mla_gate_in_v the gate_mul launch goes and the g_proj leg joins before V-up. B = 64:
+    # the batch does not fit the MMA's rows, nothing changes.
+    base, p = P.build_plan(FULL), P.build_plan(FULL, parse("mla_head_bmm"))
+    g = P.build_plan(FULL, parse("mla_head_bmm+mla_gate_in_v"))
+    assert p.triton_kernels - base.triton_kernels == 48 and base.cublas_calls - p.cublas_calls == 48
+    assert (p.triton_kernel_names() - base.triton_kernel_names()) == Counter({"head_bmm_kernel": 48})
+    assert g.triton_kernels - p.triton_kernels == -24 and g.cublas_calls == p.cublas_calls
+    assert (p.triton_kernel_names() - g.triton_kernel_names()) == Counter({"gate_mul_kernel": 24})
+    mla = next(seg for seg in g.segments if seg.family == "mla")
+    order = [(type(i).__name__, getattr(i, "subop", getattr(i, "side", ""))) for i in mla.items]
+    assert order.index(("Join", P.AUX2)) == order.index(("Launch", P.V_UP)) - 1
+    b64 = FULL.with_(batch=64)
+    assert P.build_plan(b64, parse("mla_head_bmm+mla_gate_in_v")).segments == P.build_plan(b64).segments
+
+
+def test_fmha_early_kv_needs_the_kv_leg():
+    # The cache rows before the wait only where the KV leg, not q_concat, writes the new row.
+    from kernels.k3.config import K3Config
+
+    cfg = K3Config()
+    assert P.fmha_early_kv(cfg, parse("fmha_one_tile+fmha_early_kv"))
+    assert not P.fmha_early_kv(cfg, parse("fmha_early_kv"))
+    assert not P.fmha_early_kv(cfg, parse("fmha_one_tile+fmha_early_kv+no_attn_forks"))
 
 
 def test_moe_tail_fused_drops_two_launches_per_moe_layer():

@@ -156,11 +156,29 @@ def _split_range(seq_len, sp, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _fmha_tile(q_l, q_r, kv, kr, tm, m, l, acc, qk_scale, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+               DOT_F32: tl.constexpr):
+    """One BLOCK_N tile of the online softmax: (m, l, acc) updated by the tile's valid tokens.
+    A tile with none (an empty split's first tile) leaves them as they were."""
+    s = dot(q_l, tl.trans(kv), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
+    s = dot(q_r, tl.trans(kr), s, DOT_F32)
+    s = tl.where(tm[None, :], s * qk_scale, -float("inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # nothing valid yet: no NaN from -inf - -inf
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = dot(to_dtype(p, kv.dtype), kv, acc * alpha[:, None], DOT_F32)
+    return m_new, l, acc
+
+
+@triton.jit
 def mla_decode_fmha_kernel(q, cache, block_table, seq_lens, partial, lse, sm_scale,
                            stride_qb, stride_qh, stride_cache, stride_bt,
                            NH: tl.constexpr, DL: tl.constexpr, DR: tl.constexpr,
                            PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
                            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
+                           FIRST_EARLY: tl.constexpr, EARLY_KV: tl.constexpr,
                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     sp = tl.program_id(1)
@@ -171,6 +189,19 @@ def mla_decode_fmha_kernel(q, cache, block_table, seq_lens, partial, lse, sm_sca
     hm = hs < NH
     dl = tl.arange(0, DL)
     dr = tl.arange(0, DR)
+    if FIRST_EARLY:
+        # Variant fmha_one_tile: the first tile's page look-ups (host data) before the wait;
+        # with 64-token splits of one tile each that is the whole split's addressing.
+        # fmha_early_kv: its cache rows too. Safe only where the step's new row was written
+        # by a kernel that completed before our producer started (the KV leg's cache insert,
+        # joined before q_concat), never by our producer itself (the model checks).
+        ts0 = start + tl.arange(0, BLOCK_N)
+        tm0 = ts0 < end
+        page0 = tl.load(block_table + b.to(tl.int64) * stride_bt + ts0 // PAGE, mask=tm0, other=0)
+        rows0 = cache + (page0.to(tl.int64) * PAGE + ts0 % PAGE) * stride_cache
+        if EARLY_KV:
+            kv0 = tl.load(rows0[:, None] + dl[None, :], mask=tm0[:, None], other=0.0)
+            kr0 = tl.load(rows0[:, None] + DL + dr[None, :], mask=tm0[:, None], other=0.0)
     pdl_wait(USE_PDL)
     qb = q + b.to(tl.int64) * stride_qb + hs[:, None] * stride_qh
     q_l = tl.load(qb + dl[None, :], mask=hm[:, None], other=0.0)
@@ -179,22 +210,21 @@ def mla_decode_fmha_kernel(q, cache, block_table, seq_lens, partial, lse, sm_sca
     m = tl.full([BLOCK_H], -float("inf"), tl.float32)
     l = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, DL], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    first = start
+    if FIRST_EARLY:
+        if not EARLY_KV:
+            kv0 = tl.load(rows0[:, None] + dl[None, :], mask=tm0[:, None], other=0.0)
+            kr0 = tl.load(rows0[:, None] + DL + dr[None, :], mask=tm0[:, None], other=0.0)
+        m, l, acc = _fmha_tile(q_l, q_r, kv0, kr0, tm0, m, l, acc, qk_scale, BLOCK_H, BLOCK_N, DOT_F32)
+        first = start + BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
         ts = n0 + tl.arange(0, BLOCK_N)
         tm = ts < end
         page = tl.load(block_table + b.to(tl.int64) * stride_bt + ts // PAGE, mask=tm, other=0)
         rows = cache + (page.to(tl.int64) * PAGE + ts % PAGE) * stride_cache
         kv = tl.load(rows[:, None] + dl[None, :], mask=tm[:, None], other=0.0)
         kr = tl.load(rows[:, None] + DL + dr[None, :], mask=tm[:, None], other=0.0)
-        s = dot(q_l, tl.trans(kv), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
-        s = dot(q_r, tl.trans(kr), s, DOT_F32)
-        s = tl.where(tm[None, :], s * qk_scale, -float("inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))  # finite: every tile has a valid token
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        acc = dot(to_dtype(p, kv.dtype), kv, acc * alpha[:, None], DOT_F32)
-        m = m_new
+        m, l, acc = _fmha_tile(q_l, q_r, kv, kr, tm, m, l, acc, qk_scale, BLOCK_H, BLOCK_N, DOT_F32)
     # Empty split (start >= end): zeros and lse = -inf, which the combine skips.
     has = l > 0.0
     o = acc / tl.where(has, l, 1.0)[:, None]
@@ -272,10 +302,16 @@ COMBINE_WIDE_D = 64  # columns per program: 8 programs per head at DL = 512
 def mla_decode_fmha(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, partial: torch.Tensor, lse: torch.Tensor,
                     sm_scale: float, *, num_splits: int, page_size: int = 64,
+                    block_n: int = FMHA_BLOCK_N, first_early: bool = False, early_kv: bool = False,
                     delay_ns: int = 0) -> None:
     """Split-KV flash decoding: grid (B, num_splits), all heads of a token per program
     (they share the latent K/V). partial[b, h, s] = softmax-normalised output of split s,
-    lse[b, h, s] its natural-log sum-exp (-inf when the split is empty)."""
+    lse[b, h, s] its natural-log sum-exp (-inf when the split is empty).
+
+    block_n: tokens per tile (the combine must be given the same). first_early (variant
+    fmha_one_tile): the first tile's page look-ups before the PDL wait; early_kv (variant
+    fmha_early_kv): its cache rows too, which the caller may ask for only where no kernel
+    between the wait's producer and this one writes the cache. Same sums either way."""
     B, NH, ROW = q.shape
     DL = partial.shape[3]
     DR = ROW - DL
@@ -284,16 +320,20 @@ def mla_decode_fmha(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Ten
     assert partial.dtype == torch.float32 and lse.dtype == torch.float32
     assert q.stride(2) == 1 and DL == next_pow2(DL) and DR == next_pow2(DR) and DR >= 16
     assert block_table.dtype == torch.int32 and block_table.stride(1) == 1 and seq_lens.shape == (B,)
+    assert not early_kv or first_early, "early_kv loads the first tile early: it needs first_early"
     rows = _cache_rows(cache, ROW)
     launch(mla_decode_fmha_kernel, (B, num_splits), q, rows, block_table, seq_lens, partial, lse,
            float(sm_scale), q.stride(0), q.stride(1), rows.stride(0), block_table.stride(0),
            NH=NH, DL=DL, DR=DR, PAGE=page_size, NUM_SPLITS=num_splits,
-           BLOCK_H=max(16, next_pow2(NH)), BLOCK_N=FMHA_BLOCK_N, DOT_F32=DOT_F32,
-           num_warps=4, num_stages=2, delay_ns=delay_ns)
+           BLOCK_H=max(16, next_pow2(NH)), BLOCK_N=block_n, DOT_F32=DOT_F32,
+           FIRST_EARLY=first_early, EARLY_KV=early_kv,
+           # A 64-token tile (64 x 576 bf16) held for both products spills at 4 warps on sm_90.
+           num_warps=8 if block_n >= 64 else 4, num_stages=2, delay_ns=delay_ns)
 
 
 def mla_decode_combine(partial: torch.Tensor, lse: torch.Tensor, seq_lens: torch.Tensor,
-                       out: torch.Tensor, *, wide: bool = False, delay_ns: int = 0) -> torch.Tensor:
+                       out: torch.Tensor, *, wide: bool = False, block_n: int = FMHA_BLOCK_N,
+                       delay_ns: int = 0) -> torch.Tensor:
     """out[b, h] = sum_s exp(lse_s - LSE) * partial[b, h, s] over the non-empty splits.
 
     wide=True (variant mla_combine_wide): the same sum over (token, head, 64-column)
@@ -305,10 +345,10 @@ def mla_decode_combine(partial: torch.Tensor, lse: torch.Tensor, seq_lens: torch
         assert DL % bd == 0
         launch(mla_decode_combine_wide_kernel, (B, NH, cdiv(DL, bd)), partial, lse, seq_lens, out,
                out.stride(0), out.stride(1), NH=NH, DL=DL, NUM_SPLITS=S, BLOCK_S=next_pow2(S),
-               BLOCK_D=bd, BLOCK_N=FMHA_BLOCK_N, num_warps=4, delay_ns=delay_ns)
+               BLOCK_D=bd, BLOCK_N=block_n, num_warps=4, delay_ns=delay_ns)
         return out
     launch(mla_decode_combine_kernel, (B, NH), partial, lse, seq_lens, out, out.stride(0),
-           out.stride(1), NH=NH, DL=DL, NUM_SPLITS=S, BLOCK_N=FMHA_BLOCK_N, num_warps=2,
+           out.stride(1), NH=NH, DL=DL, NUM_SPLITS=S, BLOCK_N=block_n, num_warps=2,
            delay_ns=delay_ns)
     return out
 
@@ -340,4 +380,68 @@ def gate_mul(o: torch.Tensor, g: torch.Tensor, out: torch.Tensor, *, delay_ns: i
     assert o.stride(1) == 1 and g.stride(1) == 1 and out.stride(1) == 1
     launch(gate_mul_kernel, (B, cdiv(N, GATE_BLOCK)), o, g, out, N, o.stride(0), g.stride(0),
            out.stride(0), BLOCK=GATE_BLOCK, num_warps=4, delay_ns=delay_ns)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Per-head products (variant mla_head_bmm): the absorb and V-up BMMs in the PDL chain
+# --------------------------------------------------------------------------------------
+@triton.jit
+def head_bmm_kernel(a, w, out, g, stride_ah, stride_ab, stride_oh, stride_ob, stride_gb, B,
+                    K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GATE: tl.constexpr, DOT_F32: tl.constexpr,
+                    USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # One program per (head, BLOCK_N output columns), every token of the batch in its MMA
+    # rows. The weights are static, so the first K block of them is loaded before the wait.
+    h = tl.program_id(0)
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bs = tl.arange(0, BLOCK_B)
+    bm = bs < B
+    ks = tl.arange(0, BLOCK_K)
+    wh = w + h.to(tl.int64) * K * N
+    w0 = tl.load(wh + ks[:, None] * N + ns[None, :])
+    pdl_wait(USE_PDL)
+    ah = a + h.to(tl.int64) * stride_ah + bs[:, None].to(tl.int64) * stride_ab
+    acc = dot(tl.load(ah + ks[None, :], mask=bm[:, None], other=0.0), w0,
+              tl.zeros([BLOCK_B, BLOCK_N], tl.float32), DOT_F32)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        wk = tl.load(wh + (k0 + ks)[:, None] * N + ns[None, :])
+        acc = dot(tl.load(ah + (k0 + ks)[None, :], mask=bm[:, None], other=0.0), wk, acc, DOT_F32)
+    if GATE:
+        # mla_gate_in_v: the output gate, out = (a @ w) * sigmoid(g), rounded once.
+        gv = tl.load(g + bs[:, None].to(tl.int64) * stride_gb + h * N + ns[None, :], mask=bm[:, None], other=0.0)
+        acc = acc * tl.sigmoid(gv.to(tl.float32))
+    o = out + h.to(tl.int64) * stride_oh + bs[:, None].to(tl.int64) * stride_ob + ns[None, :]
+    tl.store(o, to_dtype(acc, out.dtype.element_ty), mask=bm[:, None])
+    spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
+    pdl_trigger(USE_PDL)
+
+
+#: Output columns per program: 8 column blocks per head of the absorb (N = 512), 8 of V-up's
+#: (N = 128), so 96 programs of about 16 KB of weights each at the K3 shapes.
+HEAD_BMM_N = {512: 64, 128: 16}
+#: K per block: the whole K where a program's weight tile stays within 16 KB.
+HEAD_BMM_TILE_BYTES = 16384
+
+
+def head_bmm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, gate: torch.Tensor | None = None,
+             delay_ns: int = 0) -> torch.Tensor:
+    """out[h] = a[h] @ w[h] for a [NH, B, K], w [NH, K, N] (contiguous), out [NH, B, N]; a
+    and out may be strided views (the token and head axes in either order). With `gate`
+    ([B, NH * N], variant mla_gate_in_v) out = (a @ w) * sigmoid(gate), gate_mul's product
+    in this kernel's epilogue. fp32 accumulation, one bf16 rounding: near torch.bmm (and
+    its gate_mul), not bit for bit. B <= 16 (the batch rides in the MMA's rows)."""
+    NH, B, K = a.shape
+    N = w.shape[2]
+    assert w.shape == (NH, K, N) and w.is_contiguous() and out.shape == (NH, B, N)
+    assert a.stride(2) == 1 and out.stride(2) == 1 and B <= 16
+    bn = HEAD_BMM_N.get(N, min(64, next_pow2(N)))
+    bk = min(K, max(16, HEAD_BMM_TILE_BYTES // (2 * bn)))
+    assert N % bn == 0 and K % bk == 0 and bk == next_pow2(bk)
+    if gate is not None:
+        assert gate.shape == (B, NH * N) and gate.stride(1) == 1
+    launch(head_bmm_kernel, (NH, N // bn), a, w, out, gate if gate is not None else out,
+           a.stride(0), a.stride(1), out.stride(0), out.stride(1), gate.stride(0) if gate is not None else 0, B,
+           K=K, N=N, BLOCK_B=16, BLOCK_N=bn, BLOCK_K=bk, GATE=gate is not None, DOT_F32=DOT_F32,
+           num_warps=4, delay_ns=delay_ns)
     return out
