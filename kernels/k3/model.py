@@ -688,6 +688,11 @@ class K3Decode:
             if merged:  # before the fork: the KV leg reads this GEMM's output
                 self._triton(P.X_PROJ, skinny_mm, s.x, w.x_proj, s.x_proj, split_k=self._split_for(P.X_PROJ))
             kv = self._fork(P.AUX1, v.attn_forks)  # Q chain || KV chain (both read only x)
+            early_gate = P.g_proj_early(cfg, v)
+            if early_gate:  # g_proj_early: the gate leg beside both chains, from the start
+                gate = self._fork(P.AUX2)
+                with self._on(gate):
+                    self._mm(P.G_PROJ, s.x, w.g_proj, s.g)
             if not merged:
                 self._mm(P.Q_A, s.x, w.q_a, s.q_a)
             self._triton(P.Q_A_NORM, rmsnorm, s.q_a, w.q_a_norm, s.q_a_n, cfg.norm_eps)
@@ -706,10 +711,11 @@ class K3Decode:
                          # Forks off: the KV norm ran just before on this stream, so the
                          # split variant's cache programs must wait for it too.
                          **({} if v.attn_forks else {**cache_args, "cache_wait": True}))
-            gate = self._fork(P.AUX2, v.attn_forks and not merged)
-            if not merged:
-                with self._on(gate):  # overlaps the FMHA
-                    self._mm(P.G_PROJ, s.x, w.g_proj, s.g)
+            if not early_gate:
+                gate = self._fork(P.AUX2, v.attn_forks and not merged)
+                if not merged:
+                    with self._on(gate):  # overlaps the FMHA
+                        self._mm(P.G_PROJ, s.x, w.g_proj, s.g)
             # fmha_one_tile: each split one tile of cfg.fmha_split_tokens (halved above).
             tile = cfg.fmha_split_tokens if v.fmha_one_tile else FMHA_BLOCK_N
             self._triton(P.FMHA, mla_decode_fmha, s.q_full, w.cache, self.block_table,

@@ -344,22 +344,34 @@ def fmha_early_kv(cfg: K3Config, v: Variant) -> bool:
     return v.fmha_early_kv and v.fmha_one_tile and v.attn_forks
 
 
+def g_proj_early(cfg: K3Config, v: Variant) -> bool:
+    """g_proj_early: the g_proj leg (S2, x @ W_g) forks at the segment's start beside the Q
+    chain and the KV leg, which leave HBM half idle (q_a and kv_a stream 30 MB in ~12 us on
+    the c57 path), instead of at q_concat beside the FMHA, where its CTAs and the FMHA's
+    share the SMs (the one-tile FMHA's 149 KB of shared memory per CTA kept g_proj off them
+    until it drained: c60). Needs the forks and a g_proj of its own (not mla_proj_merged)."""
+    return v.g_proj_early and v.attn_forks and not mla_proj_merges(cfg, v)
+
+
 def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
     f, merged = v.attn_forks, mla_proj_merges(cfg, v)
     kv = AUX1 if f else MAIN
     bmm = (lambda subop: _t(subop, MAIN, "head_bmm")) if head_bmms(cfg, v) else (lambda subop: _mm(subop, MAIN, "bmm"))
     items: list[Item] = [_t(X_PROJ, MAIN, "skinny_mm")] if merged else []
+    early_gate = g_proj_early(cfg, v)
     if f:
         items.append(Fork(AUX1))
+    if early_gate:
+        items += [Fork(AUX2), _mm(G_PROJ, AUX2)]
     items += [*([] if merged else [_mm(Q_A, MAIN)]), _t(Q_A_NORM, MAIN, "rmsnorm"), _mm(Q_B, MAIN), bmm(ABSORB)]
     items += [*([] if merged else [_mm(KV_A, kv)]), _t(KV_A_NORM, kv, "rmsnorm")]
     if f:  # forked: the KV leg writes its cache row itself; unforked: fused into q_concat
         items += [_t(CACHE_INSERT, kv, "mla_cache_insert"), Join(AUX1)]
     items.append(_t(Q_CONCAT, MAIN, "mla_q_concat"))
     gate_leg = f and not merged
-    if gate_leg:
+    if gate_leg and not early_gate:
         items.append(Fork(AUX2))
-    if not merged:
+    if not merged and not early_gate:
         items.append(_mm(G_PROJ, AUX2 if f else MAIN))
     combine = "mla_decode_combine/wide" if v.mla_combine_wide else None
     items += [_t(FMHA, MAIN, "mla_decode_fmha"), _t(FMHA_COMBINE, MAIN, "mla_decode_combine", combine)]

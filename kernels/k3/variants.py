@@ -63,6 +63,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "fmha_early_kv": ("fmha_early_kv", True),              # with fmha_one_tile: the cache rows before the wait
     "mla_head_bmm": ("mla_head_bmm", True),                # B <= 16: the absorb and V-up BMMs as a Triton PDL kernel
     "mla_gate_in_v": ("mla_gate_in_v", True),              # with mla_head_bmm: the output gate in V-up's epilogue
+    "g_proj_early": ("g_proj_early", True),                # the g_proj leg forks with the KV leg, beside the Q chain
 }
 
 DELAY_PREFIX = "delay"
@@ -132,6 +133,8 @@ class Variant:
                                      # the KV leg wrote the new row before the FMHA's producer started)
     mla_head_bmm: bool = False       # B <= 16: the absorb and V-up BMMs as head_bmm_kernel (Triton, PDL), not cuBLAS
     mla_gate_in_v: bool = False      # with mla_head_bmm: V-up applies the output gate (no gate_mul launch)
+    g_proj_early: bool = False       # the g_proj leg (S2) forks at the MLA segment's start, beside the Q and KV
+                                     # chains, not at q_concat beside the FMHA
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

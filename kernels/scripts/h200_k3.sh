@@ -190,6 +190,20 @@ C56=$C55+fmha_early_kv            # and the tile's cache rows before the wait
 C57=$C51+mla_head_bmm             # absorb and V-up as head_bmm_kernel, in the PDL chain
 C58=$C57+mla_gate_in_v            # V-up applies the output gate (no gate_mul launch)
 C59=$C56+mla_head_bmm+mla_gate_in_v
+# campaign34: C55 -0.03, C56 -0.05, C57 -0.07, C58 -0.06 (one outlier of 13.3 ms), C59 -0.04 ms against
+# C51's 11.970-11.980. The absorb alone 2.86 -> 2.05 us back to back; the FMHA + combine beside g_proj
+# 28.2 -> 23.6 us one call at a time but 17.0 -> 18.1 back to back (a 64-token tile in registers takes
+# 8 warps and 131-149 KB of shared memory, one CTA per SM beside g_proj's).
+C60=$C57+fmha_one_tile+fmha_early_kv
+# campaign35: C57 -0.07 ms again (11.901-11.910 against C51's 11.961-11.972), B = 8 even; C60 +0.03
+# and C56 -0.04 against C51; C57+fmha_short_splits +0.12, C57+mla_gate_in_v even (campaign36's list).
+# k3trace diff c57 -> c60: the one-tile FMHA + combine ran 10.2 us on the path against 15.8, but its
+# 129 CTAs of 149 KB shared memory kept g_proj (forked at q_concat) off the SMs until they drained:
+# g_proj then ran after the FMHA and V-up waited behind it (+192 us). So g_proj forks with the KV leg,
+# beside the Q chain, where q_a and kv_a leave HBM half idle (g_proj_early).
+C61=$C57+g_proj_early
+C62=$C60+g_proj_early
+C63=$C62+mla_gate_in_v
 
 case $phase in
 campaign_test)
@@ -559,6 +573,25 @@ campaign34_rec)  # record_ab c51 cNN (carry .nsys) for the round's best build; B
   v=C${2#c}
   timeout 90 python3 bench/bench_k3_step.py --batches 8 --variants $C51 ${!v} $C51 ${!v} --json $OUT/step34_b8.json 2>&1 | grep "B="
   bash $0 record_ab c51 $2 ;;
+campaign35)  # round 11: C51 / C57 / C60 / C56 (3 rounds); the one-tile op test at B = 8; B = 8 C51 / C57; c51, c57, c60 recorded (carry .nsys)
+  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py -k "one_tile" 2>&1 \
+    | tee $OUT/gpu35_ops.log | tail -2
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C51 $C57 $C60 $C56 $C51 $C57 $C60 $C56 $C51 $C57 $C60 $C56 --json $OUT/step35.json 2>&1 | grep "B="
+  timeout 90 python3 bench/bench_k3_step.py --batches 8 --variants $C51 $C57 $C51 $C57 --json $OUT/step35_b8.json 2>&1 | grep "B="
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do for b in c51 c57 c60; do v=C${b#c}; rec k3_full_${b}_$r --steps 40 --variant ${!v}; done; done
+  pack k3_c51_c57_c60 ;;
+campaign36)  # round 11: g_proj_early's model GPU tests; C57 / C61 / C62 / C63 / C51 (3 rounds); c57, c61, c62 recorded (carry .nsys)
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "(matches_reference or kernel_nodes) and g_proj_early and not 64" 2>&1 | tee $OUT/gpu36.log | tail -2
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C57 $C61 $C62 $C63 $C51 $C57 $C61 $C62 $C63 $C51 $C57 $C61 $C62 $C63 $C51 --json $OUT/step36.json 2>&1 | grep "B="
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do for b in c57 c61 c62; do v=C${b#c}; rec k3_full_${b}_$r --steps 40 --variant ${!v}; done; done
+  pack k3_c57_c61_c62 ;;
 campaign33)  # shared_in_up: the model's GPU tests; C51 / C53 / C54 (3 rounds); record_ab c51 c53 (carry .nsys)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "shared_in_up and not 64" 2>&1 \
     | tee $OUT/gpu33.log | tail -2

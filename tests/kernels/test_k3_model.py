@@ -84,7 +84,7 @@ SITU_GATE_UP = f"{DOWN_ATOMIC}+situ_in_gate_up"
 SHARED_UP = f"{DOWN_ATOMIC}+shared_in_up"
 #: c51 with the eleventh round's MLA changes: one-tile FMHA splits with their rows before the
 #: wait, the absorb and V-up as head_bmm_kernel, the output gate in V-up's epilogue.
-MLA_ROUND = f"{DOWN_ATOMIC}+fmha_one_tile+fmha_early_kv+mla_head_bmm+mla_gate_in_v"
+MLA_ROUND = f"{DOWN_ATOMIC}+fmha_one_tile+fmha_early_kv+mla_head_bmm+mla_gate_in_v+g_proj_early"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -297,6 +297,7 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
                                                                            ("attn_res_one_pass", 1), (ONE_PASS, 1),
                                                                            ("fmha_one_tile", 1), ("fmha_one_tile+fmha_early_kv", 2),
                                                                            ("mla_head_bmm", 1), ("mla_head_bmm+mla_gate_in_v", 2),
+                                                                           ("g_proj_early", 1), ("mla_head_bmm+mla_gate_in_v+g_proj_early", 2),
                                                                            ("no_attn_forks+fmha_one_tile+fmha_early_kv+mla_head_bmm"
                                                                             "+mla_gate_in_v", 1)])
 def test_campaign_variants_near_baseline(name, batch):

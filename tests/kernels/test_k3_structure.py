@@ -158,6 +158,7 @@ def test_baseline_counts():
     ("fmha_one_tile", 0), ("fmha_one_tile+fmha_early_kv", 0),  # the same FMHA, other tiles and loads
     ("fmha_early_kv", 0),               # needs fmha_one_tile
     ("mla_gate_in_v", 0),               # needs mla_head_bmm (below)
+    ("g_proj_early", 0),                # the same launches, g_proj's leg forked earlier
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -180,6 +181,20 @@ def test_mla_head_bmm_takes_the_two_bmms_and_gate_in_v_the_gate_mul():
     assert order.index(("Join", P.AUX2)) == order.index(("Launch", P.V_UP)) - 1
     b64 = FULL.with_(batch=64)
     assert P.build_plan(b64, parse("mla_head_bmm+mla_gate_in_v")).segments == P.build_plan(b64).segments
+
+
+def test_g_proj_early_forks_the_gate_leg_with_the_kv_leg():
+    # The g_proj leg forks right after the KV leg, before q_a, and joins where it did (before
+    # gate_mul, or before V-up under mla_gate_in_v); forks off or merged projections: no change.
+    for extra, joined_before in (("", P.GATE_MUL), ("+mla_head_bmm+mla_gate_in_v", P.V_UP)):
+        p = P.build_plan(FULL, parse(f"g_proj_early{extra}"))
+        mla = next(seg for seg in p.segments if seg.family == "mla")
+        order = [(type(i).__name__, getattr(i, "subop", getattr(i, "side", ""))) for i in mla.items]
+        assert order[:4] == [("Fork", P.AUX1), ("Fork", P.AUX2), ("Launch", P.G_PROJ), ("Launch", P.Q_A)]
+        assert order.count(("Fork", P.AUX2)) == 1
+        assert order.index(("Join", P.AUX2)) == order.index(("Launch", joined_before)) - 1
+    for other in ("no_attn_forks", "mla_proj_merged"):
+        assert P.build_plan(FULL, parse(f"{other}+g_proj_early")).segments == P.build_plan(FULL, parse(other)).segments
 
 
 def test_fmha_early_kv_needs_the_kv_leg():
