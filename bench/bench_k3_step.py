@@ -117,6 +117,7 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     - split=BN,BK,WARPS,STAGES/SPLIT: under linear_split_k, the MoE front's rest (7168 x 5120);
     - tailmma=1|2: moe_tail_mma's sum of squares (gemv.TAIL_MMA);
     - glsub=o_proj,front: linear_gluon's GEMMs (plan.GLUON_SUBOPS);
+    - mlasub=q_b,kv_a: triton_mla_proj's GEMMs (plan.MLA_SKINNY);
     - glcfg=KxN:BN,BK,WARPS,STAGES,EARLY/...: linear_gluon's configs (gemv_gluon.GL_CONFIGS);
     - wscfg=KxN:BN,BK,WARPS,STAGES,MMA,MAXNREG/...: linear_ws's configs (gemv_gluon.WS_CONFIGS);
     - skinny (a suffix): the skinny GEMM's configs from a bench_k3_ops.py --latency sweep."""
@@ -136,6 +137,8 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
         stack.enter_context(patched(gemv, TAIL_MMA=int(spec["tailmma"])))
     if "glsub" in spec:
         stack.enter_context(patched(plan, GLUON_SUBOPS=set(spec["glsub"].split(","))))
+    if "mlasub" in spec:
+        stack.enter_context(patched(plan, MLA_SKINNY=frozenset(spec["mlasub"].split(","))))
     if "glcfg" in spec:
         stack.enter_context(patched(gemv_gluon, GL_CONFIGS=_shape_table(gemv_gluon.GL_CONFIGS, spec["glcfg"])))
     if "wscfg" in spec:
@@ -181,7 +184,8 @@ def main() -> int:
                         "BUILD@downmix=BN,BK,WARPS,STAGES moe_down_mixed at that config; "
                         "BUILD@split=BN,BK,WARPS,STAGES/SPLIT the MoE front's rest at that split (linear_split_k); "
                         "BUILD@tailmma=1|2 moe_tail_mma's sum of squares by reduction or Gram matrix; "
-                        "BUILD@glsub=o_proj,front linear_gluon on those GEMMs; BUILD@glcfg=KxN:BN,BK,W,S,E/... its configs; "
+                        "BUILD@glsub=o_proj,front linear_gluon on those GEMMs; "
+                        "BUILD@mlasub=q_b,kv_a triton_mla_proj on those GEMMs; BUILD@glcfg=KxN:BN,BK,W,S,E/... its configs; "
                         "BUILD@wscfg=KxN:BN,BK,W,S,MMA,MAXNREG/... linear_ws's")
     p.add_argument("--skinny-table", default="",
                    help="bench_k3_ops.py --latency sweep JSON: builds suffixed @skinny take its best unsplit "

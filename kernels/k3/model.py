@@ -261,7 +261,7 @@ class K3Decode:
             self.s.merge_mla_projections(cfg)
         # linear_split_k / triton_mla_proj: partials and tickets per stream (the skinny GEMMs of
         # one stream run one after another; kv_a on S1 runs beside q_a on main).
-        splits = variant.linear_split_k or variant.triton_mla_proj
+        splits = variant.linear_split_k or variant.triton_mla_proj or variant.mla_q_skinny
         self._split_k = {label: alloc_split_k(max(cfg.hidden, cfg.front_width), self.device)
                          for label in (P.MAIN, P.AUX1, P.AUX2)} if splits else {}
         if P.router_in_front(cfg, variant):  # the front's own split-K buffers: main's
@@ -502,9 +502,11 @@ class K3Decode:
 
     def _split_for(self, subop: str):
         """The split-K buffers of the current stream where this GEMM may split: every skinny
-        GEMM under linear_split_k (SKINNY_SPLITS), the MLA's under triton_mla_proj (MLA_SPLITS)."""
+        GEMM under linear_split_k (SKINNY_SPLITS), the MLA's under triton_mla_proj and mla_q_skinny
+        (MLA_SPLITS)."""
         v = self.variant
-        if v.linear_split_k or (v.triton_mla_proj and subop in P.MLA_SKINNY):
+        if (v.linear_split_k or (v.triton_mla_proj and subop in P.MLA_SKINNY)
+                or (v.mla_q_skinny and subop in P.MLA_Q_SKINNY)):
             return self._split_k[self._label]
         return None
 

@@ -105,6 +105,10 @@ SKINNY_SUBOPS = frozenset({"front", "qkvg", "up"})
 #: Variant triton_mla_proj: the MLA's narrow GEMMs (N = 576 .. 2304: too few column blocks
 #: alone), which the skinny GEMM takes split over K (gemv.MLA_SPLITS).
 MLA_SKINNY = frozenset({"q_a", "kv_a", "g_proj", "q_b"})
+#: Variant mla_q_skinny: those on main, the Q chain's. On c57 (the absorb a PDL kernel) q_a and
+#: q_b together ran the step 0.08 ms faster, with kv_a too 0.02, with g_proj (beside the FMHA)
+#: 0.01, all four even (bench_k3_step.py @mlasub=, campaign37/38).
+MLA_Q_SKINNY = frozenset({"q_a", "q_b"})
 #: The CuTe DSL KDA step (variant kda_cute).
 CUTE_KDA_KERNEL = "kda_step_cute"
 
@@ -552,7 +556,8 @@ def linear_is_triton(cfg: K3Config, v: Variant, subop: str) -> bool:
     """Whether this dense GEMM runs as the skinny Triton GEMM (variant triton_linear; with
     triton_o_proj the attention output projections too: cuBLAS streamed them about as fast
     alone, but the Triton kernel joins the PDL chain with early triggers)."""
-    subops = SKINNY_SUBOPS | ({O_PROJ} if v.triton_o_proj else set()) | (MLA_SKINNY if v.triton_mla_proj else set())
+    subops = (SKINNY_SUBOPS | ({O_PROJ} if v.triton_o_proj else set()) | (MLA_SKINNY if v.triton_mla_proj else set())
+              | (MLA_Q_SKINNY if v.mla_q_skinny else set()))
     return v.triton_linear and cfg.batch <= SKINNY_MAX_B and subop in subops
 
 

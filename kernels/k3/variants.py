@@ -64,6 +64,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "mla_head_bmm": ("mla_head_bmm", True),                # B <= 16: the absorb and V-up BMMs as a Triton PDL kernel
     "mla_gate_in_v": ("mla_gate_in_v", True),              # with mla_head_bmm: the output gate in V-up's epilogue
     "g_proj_early": ("g_proj_early", True),                # the g_proj leg forks with the KV leg, beside the Q chain
+    "mla_q_skinny": ("mla_q_skinny", True),                # with triton_linear: q_a and q_b as split-K skinny GEMMs
 }
 
 DELAY_PREFIX = "delay"
@@ -133,6 +134,8 @@ class Variant:
                                      # the KV leg wrote the new row before the FMHA's producer started)
     mla_head_bmm: bool = False       # B <= 16: the absorb and V-up BMMs as head_bmm_kernel (Triton, PDL), not cuBLAS
     mla_gate_in_v: bool = False      # with mla_head_bmm: V-up applies the output gate (no gate_mul launch)
+    mla_q_skinny: bool = False       # with triton_linear (B <= 16): the Q chain's q_a and q_b as split-K skinny
+                                     # GEMMs (triton_mla_proj's two on main; kv_a and g_proj stay cuBLAS)
     g_proj_early: bool = False       # the g_proj leg (S2) forks at the MLA segment's start, beside the Q and KV
                                      # chains, not at q_concat beside the FMHA
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait

@@ -204,6 +204,12 @@ C60=$C57+fmha_one_tile+fmha_early_kv
 C61=$C57+g_proj_early
 C62=$C60+g_proj_early
 C63=$C62+mla_gate_in_v
+# campaign36: C61 +0.13 (q_a, kv_a and g_proj at once stretch the first phase 12.5 -> 18.8 us), C62 +0.04,
+# C63 +0.04 against C57. campaign37/38 (another H200: C51 11.90-11.93, C57 11.85-11.86): triton_mla_proj on
+# C57 even; its GEMMs one by one: q_b -0.04, q_a -0.06, q_a + q_b -0.08, with kv_a -0.02, with g_proj -0.01.
+# Round five's verdict on them (c20: +0.14) predates the absorb's PDL launch, which now lets q_b's
+# successor launch early. The two GEMMs on main, split-K skinny (mla_q_skinny):
+C64=$C57+mla_q_skinny
 
 case $phase in
 campaign_test)
@@ -592,6 +598,18 @@ campaign36)  # round 11: g_proj_early's model GPU tests; C57 / C61 / C62 / C63 /
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
   for r in a b; do for b in c57 c61 c62; do v=C${b#c}; rec k3_full_${b}_$r --steps 40 --variant ${!v}; done; done
   pack k3_c57_c61_c62 ;;
+campaign37)  # round 11: triton_mla_proj on C57 (the q chain now PDL from the absorb on), its GEMMs one by one (2 rounds)
+  M=$C57+triton_mla_proj
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C57 $M $M@mlasub=q_b $M@mlasub=q_b,kv_a $M@mlasub=q_a,q_b $C51 $C57 $M $M@mlasub=q_b $M@mlasub=q_b,kv_a \
+    $M@mlasub=q_a,q_b $C51 --json $OUT/step37.json 2>&1 | grep "B=" ;;
+campaign39)  # round 11: mla_q_skinny: the model's GPU tests; C57 / C64 / C51 (3 rounds); B = 8 C57 / C64; record_ab c57 c64 (carry .nsys)
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "(matches_reference or kernel_nodes) and mla_q_skinny and not 64" 2>&1 | tee $OUT/gpu39.log | tail -2
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C57 $C64 $C51 $C57 $C64 $C51 $C57 $C64 $C51 --json $OUT/step39.json 2>&1 | grep "B="
+  timeout 90 python3 bench/bench_k3_step.py --batches 8 --variants $C57 $C64 $C57 $C64 --json $OUT/step39_b8.json 2>&1 | grep "B="
+  bash $0 record_ab c57 c64 ;;
 campaign33)  # shared_in_up: the model's GPU tests; C51 / C53 / C54 (3 rounds); record_ab c51 c53 (carry .nsys)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "shared_in_up and not 64" 2>&1 \
     | tee $OUT/gpu33.log | tail -2

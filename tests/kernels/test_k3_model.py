@@ -85,6 +85,8 @@ SHARED_UP = f"{DOWN_ATOMIC}+shared_in_up"
 #: c51 with the eleventh round's MLA changes: one-tile FMHA splits with their rows before the
 #: wait, the absorb and V-up as head_bmm_kernel, the output gate in V-up's epilogue.
 MLA_ROUND = f"{DOWN_ATOMIC}+fmha_one_tile+fmha_early_kv+mla_head_bmm+mla_gate_in_v+g_proj_early"
+#: The round's kept build c64: c51 with the head BMMs and the Q chain's GEMMs as split-K skinny ones.
+C64 = f"{DOWN_ATOMIC}+mla_head_bmm+mla_q_skinny"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -298,6 +300,7 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
                                                                            ("fmha_one_tile", 1), ("fmha_one_tile+fmha_early_kv", 2),
                                                                            ("mla_head_bmm", 1), ("mla_head_bmm+mla_gate_in_v", 2),
                                                                            ("g_proj_early", 1), ("mla_head_bmm+mla_gate_in_v+g_proj_early", 2),
+                                                                           ("triton_linear+mla_head_bmm+mla_q_skinny", 1),
                                                                            ("no_attn_forks+fmha_one_tile+fmha_early_kv+mla_head_bmm"
                                                                             "+mla_gate_in_v", 1)])
 def test_campaign_variants_near_baseline(name, batch):
@@ -428,7 +431,7 @@ def test_gpu_side_priority_raises_the_side_streams():
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
                                   "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
-                                  SITU_GATE_UP, SHARED_UP, MLA_ROUND])
+                                  SITU_GATE_UP, SHARED_UP, MLA_ROUND, C64])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -451,7 +454,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
-                                  SHARED_UP, MLA_ROUND])
+                                  SHARED_UP, MLA_ROUND, C64])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()

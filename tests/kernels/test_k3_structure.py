@@ -159,6 +159,7 @@ def test_baseline_counts():
     ("fmha_early_kv", 0),               # needs fmha_one_tile
     ("mla_gate_in_v", 0),               # needs mla_head_bmm (below)
     ("g_proj_early", 0),                # the same launches, g_proj's leg forked earlier
+    ("mla_q_skinny", 0),                # needs triton_linear (below)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -195,6 +196,19 @@ def test_g_proj_early_forks_the_gate_leg_with_the_kv_leg():
         assert order.index(("Join", P.AUX2)) == order.index(("Launch", joined_before)) - 1
     for other in ("no_attn_forks", "mla_proj_merged"):
         assert P.build_plan(FULL, parse(f"{other}+g_proj_early")).segments == P.build_plan(FULL, parse(other)).segments
+
+
+def test_mla_q_skinny_takes_q_a_and_q_b_only():
+    # On triton_linear at B <= 16: the 24 MLA layers' q_a and q_b leave cuBLAS for the split-K
+    # skinny GEMM (kv_a and g_proj, on the side legs, stay); B = 64: no change.
+    base, p = P.build_plan(FULL, parse("triton_linear")), P.build_plan(FULL, parse("triton_linear+mla_q_skinny"))
+    assert base.cublas_calls - p.cublas_calls == 48 and p.triton_kernels - base.triton_kernels == 48
+    assert (p.triton_kernel_names() - base.triton_kernel_names()) == Counter({"skinny_mm_kernel": 48})
+    mla = next(seg for seg in p.segments if seg.family == "mla")
+    kinds = {i.subop: i.kind for i in mla.launches}
+    assert (kinds[P.Q_A], kinds[P.Q_B], kinds[P.KV_A], kinds[P.G_PROJ]) == (P.TRITON, P.TRITON, P.CUBLAS, P.CUBLAS)
+    b64 = FULL.with_(batch=64)
+    assert P.build_plan(b64, parse("triton_linear+mla_q_skinny")).segments == P.build_plan(b64, parse("triton_linear")).segments
 
 
 def test_fmha_early_kv_needs_the_kv_leg():
