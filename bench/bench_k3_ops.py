@@ -454,6 +454,50 @@ def mla_round(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def mla_q_chain(B: int, calls: int) -> dict[str, float]:
+    """Variant mla_q_skinny at the K3 shapes, back to back and one call at a time (weight
+    copies rotated past the L2): the Q chain q_a -> RMSNorm -> q_b -> absorb with q_a and q_b
+    by cuBLAS (c57: q_a split-K with its reduce kernel) against the split-K skinny GEMM
+    (gemv.MLA_SPLITS), the absorb head_bmm_kernel in both."""
+    from kernels.k3.config import K3Config
+    from kernels.k3.ops.gemv import alloc_split_k, skinny_mm
+    from kernels.k3.ops.mla import head_bmm
+    from kernels.k3.ops.norm import rmsnorm
+
+    cfg = K3Config(batch=B)
+    g = torch.Generator(device="cuda").manual_seed(13)
+    H, QA, NH = cfg.hidden, cfg.q_lora, cfg.mla_heads
+    copies = _copies(H * QA * 2)
+    w_qa = [torch.randn(H, QA, device="cuda", dtype=BF, generator=g) * H ** -0.5 for _ in range(copies)]
+    w_qb = [torch.randn(QA, NH * cfg.qk_head, device="cuda", dtype=BF, generator=g) * QA ** -0.5 for _ in range(copies)]
+    w_uk = [torch.randn(NH, cfg.qk_nope, cfg.kv_lora, device="cuda", dtype=BF, generator=g) * 0.1 for _ in range(copies)]
+    gamma = torch.ones(QA, device="cuda", dtype=BF)
+    x = torch.randn(B, H, device="cuda", dtype=BF, generator=g)
+    qa, qa_n = torch.empty(B, QA, device="cuda", dtype=BF), torch.empty(B, QA, device="cuda", dtype=BF)
+    qb = torch.empty(B, NH, cfg.qk_head, device="cuda", dtype=BF)
+    q_abs = torch.empty(NH, B, cfg.kv_lora, device="cuda", dtype=BF)
+    split = alloc_split_k(max(H, cfg.front_width), "cuda")
+
+    def chain(i, skinny):
+        k = i % copies
+        if skinny:
+            skinny_mm(x, w_qa[k], qa, split_k=split)
+        else:
+            torch.mm(x, w_qa[k], out=qa)
+        rmsnorm(qa, gamma, qa_n, cfg.norm_eps)
+        if skinny:
+            skinny_mm(qa_n, w_qb[k], qb.view(B, -1), split_k=split)
+        else:
+            torch.mm(qa_n, w_qb[k], out=qb.view(B, -1))
+        head_bmm(qb[:, :, :cfg.qk_nope].transpose(0, 1), w_uk[k], q_abs)
+
+    res = {}
+    for name, skinny in (("c57: q_a, q_b by cuBLAS", False), ("mla_q_skinny: split-K skinny", True)):
+        res[name] = per_call_us(lambda i, s=skinny: chain(i, s), calls)
+        res[f"{name}, one call"] = single_call_us(lambda i, s=skinny: chain(i, s), copies)
+    return res
+
+
 def _attn_res_inputs(B: int):
     """(bank, query, gamma, scores, out) of one aggregation at H = 7168."""
     from kernels.k3.ops import attn_res as A
@@ -1051,7 +1095,8 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "mla_head_bmm (absorb)": (24, "c51: absorb (cuBLAS BMM), one call", "mla_head_bmm: absorb, one call"),
            "mla_head_bmm (V-up)": (24, "c51: V-up (cuBLAS BMM) -> gate_mul, one call",
                                    "mla_head_bmm: V-up -> gate_mul, one call"),
-           "mla_gate_in_v": (24, "mla_head_bmm: V-up -> gate_mul, one call", "mla_gate_in_v: V-up with the gate, one call")}
+           "mla_gate_in_v": (24, "mla_head_bmm: V-up -> gate_mul, one call", "mla_gate_in_v: V-up with the gate, one call"),
+           "mla_q_skinny": (24, "c57: q_a, q_b by cuBLAS, one call", "mla_q_skinny: split-K skinny, one call")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
@@ -1091,7 +1136,8 @@ def main() -> int:
             "linear_ws": lambda: linear_ws(B, args.calls),
             "moe_hops": lambda: moe_hops(B, args.calls),
             "shared_up": lambda: shared_up(B, args.calls),
-            "mla_round": lambda: mla_round(B, args.calls)}
+            "mla_round": lambda: mla_round(B, args.calls),
+            "mla_q_skinny": lambda: mla_q_chain(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

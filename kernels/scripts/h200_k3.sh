@@ -610,6 +610,12 @@ campaign39)  # round 11: mla_q_skinny: the model's GPU tests; C57 / C64 / C51 (3
     --variants $C57 $C64 $C51 $C57 $C64 $C51 $C57 $C64 $C51 --json $OUT/step39.json 2>&1 | grep "B="
   timeout 90 python3 bench/bench_k3_step.py --batches 8 --variants $C57 $C64 $C57 $C64 --json $OUT/step39_b8.json 2>&1 | grep "B="
   bash $0 record_ab c57 c64 ;;
+campaign39_final)  # after round 11's last kernel change: mla_q_skinny's standalone case; every GPU test but CuTe DSL's
+  timeout 100 python3 bench/bench_k3_ops.py --batch 1 --cases mla_q_skinny --json $OUT/ops39_b1.json 2>&1 | tail -8
+  set -o pipefail
+  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
+    tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
+    | tee $OUT/gpu39_all.log | tail -4 ;;
 campaign33)  # shared_in_up: the model's GPU tests; C51 / C53 / C54 (3 rounds); record_ab c51 c53 (carry .nsys)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "shared_in_up and not 64" 2>&1 \
     | tee $OUT/gpu33.log | tail -2
