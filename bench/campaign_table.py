@@ -42,6 +42,15 @@ STANDALONE = {
     "moe_sum_norm_fused": (92, "moe_tail_fused", "weighted sum -> norm -> up", "moe_sum_norm_fused"),
     "router_in_front": (92, "router_in_front", "c20 head", "router_in_front (64, 128, 4, 4) x(8, 2)"),
     "attn_res_in_o_proj": (93, "attn_res_in_o_proj", "o_proj -> score -> combine", "attn_res_in_o_proj:"),
+    # Round eleven (bench_k3_ops.py cases mla_round, mla_q_skinny), back to back.
+    "fmha_one_tile+fmha_early_kv": (24, "mla_round", "c51: fmha + wide combine, 65 x 128 || g_proj (S2)",
+                                    "fmha_one_tile+fmha_early_kv || g_proj (S2)"),
+    "mla_q_skinny": (24, "mla_q_skinny", "c57: q_a, q_b by cuBLAS", "mla_q_skinny: split-K skinny"),
+}
+#: Changes whose standalone figure sums several chains of one case: (layers, case, old keys, new keys).
+STANDALONE_SUMS = {
+    "mla_head_bmm": (24, "mla_round", ("c51: absorb (cuBLAS BMM)", "c51: V-up (cuBLAS BMM) -> gate_mul"),
+                     ("mla_head_bmm: absorb", "mla_head_bmm: V-up -> gate_mul")),
 }
 #: Changes that keep their kernels' names (other code inside): k3trace reports them as
 #: duration edits of these kernels, which are then the change's own edits too.
@@ -120,6 +129,12 @@ def standalone(ops: dict | None, change: str) -> tuple[float, float, float] | No
         old = sum(r[f"pair, {n} rows"] for n in rows)
         new = sum(r[f"attn_res_dot, {n} rows"] for n in rows)
         return old / len(rows), new / len(rows), (new - old) / 1e3
+    if ops and change in STANDALONE_SUMS:
+        layers, case, old_keys, new_keys = STANDALONE_SUMS[change]
+        res = ops["cases"].get(case, {})
+        if all(k in res for k in (*old_keys, *new_keys)):
+            old, new = sum(res[k] for k in old_keys), sum(res[k] for k in new_keys)
+            return old, new, (new - old) * layers / 1e3
     if not ops or change not in STANDALONE:
         return None
     layers, case, old_key, new_key = STANDALONE[change]

@@ -208,3 +208,33 @@ pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us"
 hops = r10["standalone_us"]["campaign32 (moe_hops case)"]
 pl.DataFrame([{"form": k.split(", ")[1], "mode": k.split(", ")[2], "us": v} for k, v in hops.items()]).pivot(
     on="mode", index="form", values="us")
+
+# %% [markdown]
+# ## Round eleven: the MLA segment
+# Builds named from c51 (c57 = c51 + mla_head_bmm, c64 = c57 + mla_q_skinny, the campaign build
+# since). In every list of 11 builds or more the 11th build timed read 13.2-13.3 ms whatever it was,
+# so each build here is read at its fastest sample, against its list's fastest c51 (c57 in the
+# lists without c51). The k3trace diff rows come from builds recorded in one call.
+
+# %%
+r11 = full["round11"]
+runs11 = unprofiled_runs(r11)
+fastest11 = runs11.group_by("list", "batch", "build", maintain_order=True).agg(
+    pl.col("step_ms").min(), pl.col("floor_ms").first(), pl.len().alias("runs"))
+base11 = (fastest11.filter(pl.col("build").is_in(["c51", "c51+mla_head_bmm"]))
+          .sort("build").group_by("list", "batch").agg(pl.col("step_ms").first().alias("base_ms"),
+                                                       pl.col("build").first().alias("base")))
+fastest11.join(base11, on=["list", "batch"], how="left").with_columns(
+    delta_ms=pl.col("step_ms") - pl.col("base_ms"), ratio=pl.col("step_ms") / pl.col("floor_ms"))
+
+# %%
+pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
+               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
+               "largest_elsewhere": "; ".join(f"{k} {v:+.0f}" for k, _, v in d["elsewhere_top"]),
+               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
+              for name, d in r11["diff"].items()])
+
+# %%
+mla = r11["standalone_us"]["campaign34 (mla_round case)"] | r11["standalone_us"]["campaign39_final (mla_q_skinny case)"]
+pl.DataFrame([{"chain": k.removesuffix(", one call"), "mode": "one call" if k.endswith(", one call") else "back to back",
+               "us": v} for k, v in mla.items()]).pivot(on="mode", index="chain", values="us")
