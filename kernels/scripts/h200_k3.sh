@@ -210,6 +210,10 @@ C63=$C62+mla_gate_in_v
 # Round five's verdict on them (c20: +0.14) predates the absorb's PDL launch, which now lets q_b's
 # successor launch early. The two GEMMs on main, split-K skinny (mla_q_skinny):
 C64=$C57+mla_q_skinny
+# -0.07 ms against C57, -0.13 against C51 (campaign39); kept. Last, the one-tile FMHA with the side
+# streams at high priority, so that the g_proj leg's CTAs are placed before the FMHA's (C65, C66):
+C65=$C64+fmha_one_tile+fmha_early_kv
+C66=$C65+side_priority
 
 case $phase in
 campaign_test)
@@ -616,6 +620,9 @@ campaign39_final)  # after round 11's last kernel change: mla_q_skinny's standal
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
     tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
     | tee $OUT/gpu39_all.log | tail -4 ;;
+campaign40)  # round 11, last: C64 / C64 + side_priority / C65 / C66 (2 rounds, 8 builds: no 11th position)
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C64 $C64+side_priority $C65 $C66 $C64 $C64+side_priority $C65 $C66 --json $OUT/step40.json 2>&1 | grep "B=" ;;
 campaign33)  # shared_in_up: the model's GPU tests; C51 / C53 / C54 (3 rounds); record_ab c51 c53 (carry .nsys)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "shared_in_up and not 64" 2>&1 \
     | tee $OUT/gpu33.log | tail -2
