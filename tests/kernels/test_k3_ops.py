@@ -462,6 +462,18 @@ def test_mla_q_concat_split_bitwise(NH, DL, DR):
     assert torch.equal(c, ref_cache)
 
 
+def _paged_decode_inputs(NH, row, page, seq, max_pages, seed):
+    """(cache, block_table, seq_lens, q) of a paged-cache decode: each request's pages drawn
+    at random from a pool a few pages larger than they need, every cache row and query random."""
+    B = len(seq)
+    g = gen(seed)
+    pages = B * max_pages + 4
+    cache = randn(g, pages, page, row)
+    block_table = (torch.randperm(pages, generator=torch.Generator().manual_seed(seed))[:B * max_pages]
+                   .view(B, max_pages).to(device=DEV, dtype=I32))
+    return cache, block_table, torch.tensor(seq, device=DEV, dtype=I32), randn(g, B, NH, row)
+
+
 @pytest.mark.parametrize("NH,DL,DR,page,seq", [
     (2, 64, 16, 16, [1, 37, 150, 0]),
     (12, 512, 64, 64, [1, 100, 300]),
@@ -471,14 +483,7 @@ def test_mla_decode(NH, DL, DR, page, seq):
     rounded to bf16 for the PV product: 2e-2). Empty splits carry lse = -inf; a zero-length
     (padded) request gives zeros, not NaN."""
     B, S = len(seq), 4
-    g = gen(9)
-    max_pages = 12
-    pages = B * max_pages + 4
-    cache = randn(g, pages, page, DL + DR)
-    block_table = (torch.randperm(pages, generator=torch.Generator().manual_seed(9))[:B * max_pages]
-                   .view(B, max_pages).to(device=DEV, dtype=I32))
-    seq_lens = torch.tensor(seq, device=DEV, dtype=I32)
-    q = randn(g, B, NH, DL + DR)
+    cache, block_table, seq_lens, q = _paged_decode_inputs(NH, DL + DR, page, seq, 12, 9)
     partial = torch.empty(B, NH, S, DL, device=DEV, dtype=F32)
     lse = torch.empty(B, NH, S, device=DEV, dtype=F32)
     out = torch.empty(B, NH, DL, device=DEV, dtype=BF)
@@ -508,14 +513,7 @@ def test_mla_decode_one_tile(NH, DL, DR, page, seq, early_kv):
     tile). Splits of one tile (the variants' shape), of several (the remainder loop) and
     empty ones (lse = -inf), and a zero-length request."""
     B = len(seq)
-    g = gen(19)
-    max_pages = 20
-    pages = B * max_pages + 4
-    cache = randn(g, pages, page, DL + DR)
-    block_table = (torch.randperm(pages, generator=torch.Generator().manual_seed(19))[:B * max_pages]
-                   .view(B, max_pages).to(device=DEV, dtype=I32))
-    seq_lens = torch.tensor(seq, device=DEV, dtype=I32)
-    q = randn(g, B, NH, DL + DR)
+    cache, block_table, seq_lens, q = _paged_decode_inputs(NH, DL + DR, page, seq, 20, 19)
     sm_scale = 192 ** -0.5
     ref = R.ref_mla_decode(q, cache, block_table, seq_lens, sm_scale, DL, page)
     for S in (4, 19):  # 4: several tiles per split at 300 tokens; 19: one tile each, the rest empty
