@@ -45,7 +45,7 @@ from kernels.k3.ops.attn_res import (
     gemm_scores_shape,
     residual_add,
 )
-from kernels.k3.ops.common import early_trigger, trigger_first
+from kernels.k3.ops.common import early_trigger, pdl_off, trigger_first
 from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
 from kernels.k3.ops.mla import (FMHA_BLOCK_N, gate_mul, head_bmm, mla_cache_insert, mla_decode_combine,
                                   mla_decode_fmha, mla_q_concat)
@@ -248,6 +248,8 @@ class K3Decode:
         self.cfg, self.variant = cfg, variant
         self.device = torch.device(device)
         self.plan = P.build_plan(cfg, variant)
+        if not variant.pdl and variant.kda_cute:  # the CuTe DSL step always launches PDL-style
+            raise ValueError("no_pdl does not cover kda_cute's CuTe DSL launch; time one without the other")
         if variant.delay_kernel and not self.plan.delayed_launches():
             raise ValueError(f"delay names {variant.delay_kernel!r}, which no launch of the "
                              f"plan issues (kernel or launcher names: kernels/k3/plan.py)")
@@ -551,7 +553,7 @@ class K3Decode:
         self._seg_i, self._label = 0, P.MAIN
         self._mlp_out: tuple = ()  # mlp_residual_folded: the MLP output the next score adds
         self.bank[0].copy_(self.embed)  # the step's input opens block 0's partial
-        with early_trigger(self.variant.pdl_early_trigger):
+        with pdl_off(not self.variant.pdl), early_trigger(self.variant.pdl_early_trigger):
             for l in cfg.layers:
                 with self._range("", f"top.model.layers.{l - 1}"):
                     self._layer(l)

@@ -65,6 +65,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "mla_gate_in_v": ("mla_gate_in_v", True),              # with mla_head_bmm: the output gate in V-up's epilogue
     "g_proj_early": ("g_proj_early", True),                # the g_proj leg forks with the KV leg, beside the Q chain
     "mla_q_skinny": ("mla_q_skinny", True),                # with triton_linear: q_a and q_b as split-K skinny GEMMs
+    "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
 DELAY_PREFIX = "delay"
@@ -134,6 +135,7 @@ class Variant:
                                      # the KV leg wrote the new row before the FMHA's producer started)
     mla_head_bmm: bool = False       # B <= 16: the absorb and V-up BMMs as head_bmm_kernel (Triton, PDL), not cuBLAS
     mla_gate_in_v: bool = False      # with mla_head_bmm: V-up applies the output gate (no gate_mul launch)
+    pdl: bool = True                 # Triton kernels PDL-launched (no_pdl: plain launches, griddepcontrol off)
     mla_q_skinny: bool = False       # with triton_linear (B <= 16): the Q chain's q_a and q_b as split-K skinny
                                      # GEMMs (triton_mla_proj's two on main; kv_a and g_proj stay cuBLAS)
     g_proj_early: bool = False       # the g_proj leg (S2) forks at the MLA segment's start, beside the Q and KV

@@ -214,6 +214,9 @@ C64=$C57+mla_q_skinny
 # streams at high priority, so that the g_proj leg's CTAs are placed before the FMHA's (C65, C66):
 C65=$C64+fmha_one_tile+fmha_early_kv
 C66=$C65+side_priority
+# +0.12 / +0.11 ms against C64 (campaign40): not kept. What PDL itself is worth: every Triton launch a
+# plain one (no_pdl), the control for k3trace whatif --no-pdl.
+C67=$C64+no_pdl
 
 case $phase in
 campaign_test)
@@ -623,6 +626,12 @@ campaign39_final)  # after round 11's last kernel change: mla_q_skinny's standal
 campaign40)  # round 11, last: C64 / C64 + side_priority / C65 / C66 (2 rounds, 8 builds: no 11th position)
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
     --variants $C64 $C64+side_priority $C65 $C66 $C64 $C64+side_priority $C65 $C66 --json $OUT/step40.json 2>&1 | grep "B=" ;;
+pdl_probe)  # no_pdl: its GPU test; baseline / +no_pdl / C64 / C67 unprofiled (2 rounds); c64 and c67 recorded at full depth (carry .nsys)
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "no_pdl" 2>&1 \
+    | tee $OUT/gpu_pdl.log | tail -2
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants baseline baseline+no_pdl $C64 $C67 baseline baseline+no_pdl $C64 $C67 --json $OUT/step_pdl.json 2>&1 | grep "B="
+  bash $0 record_ab c64 c67 ;;
 campaign33)  # shared_in_up: the model's GPU tests; C51 / C53 / C54 (3 rounds); record_ab c51 c53 (carry .nsys)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "shared_in_up and not 64" 2>&1 \
     | tee $OUT/gpu33.log | tail -2

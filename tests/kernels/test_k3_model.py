@@ -51,7 +51,7 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
            "attn_res_fused+residual_separate", "router_align_fused", "mlp_residual_folded",
            "mlp_residual_folded+residual_separate", "pdl_early_trigger", "attn_res_early_rows",
            "prefetch:24", "kda_conv_fused", "moe_sum_norm_fused", "prefetch_leg:8", "pdl_trigger_first",
-           "pdl_early_trigger+pdl_trigger_first"]
+           "pdl_early_trigger+pdl_trigger_first", "no_pdl", "pdl_early_trigger+no_pdl"]
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
@@ -548,6 +548,15 @@ def test_gpu_situ_in_gate_up_bitwise():
     # The same h from one kernel instead of two: c49's replayed outputs bit for bit (c49, not
     # DOWN_ATOMIC, whose atomic sums vary in their last bits from run to run).
     assert_same(gpu_replay_outputs(1, GLUON, steps=3), gpu_replay_outputs(1, f"{GLUON}+situ_in_gate_up", steps=3))
+
+
+@gpu
+@needs_cuda
+def test_gpu_no_pdl_bitwise():
+    # Plain launches compute what PDL ones do: the baseline and c64 (early loads before the
+    # wait, early triggers, the Gluon o_proj) replayed bit for bit without PDL, at B = 1.
+    for build in ("baseline", C64.replace("+moe_down_atomic", "")):
+        assert_same(gpu_replay_outputs(1, build, steps=2), gpu_replay_outputs(1, f"{build}+no_pdl", steps=2))
 
 
 @gpu

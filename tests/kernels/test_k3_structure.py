@@ -160,6 +160,7 @@ def test_baseline_counts():
     ("mla_gate_in_v", 0),               # needs mla_head_bmm (below)
     ("g_proj_early", 0),                # the same launches, g_proj's leg forked earlier
     ("mla_q_skinny", 0),                # needs triton_linear (below)
+    ("no_pdl", 0),                      # the same launches, plain instead of PDL-style
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))

@@ -147,11 +147,34 @@ def prefetch_args(weight, nbytes: int, programs: int, dummy) -> dict:
 
 
 _trigger = PDL_LATE
+_pdl_on = True
+
+
+def pdl_launch() -> bool:
+    """Whether launches go out PDL-style now: on a GPU, outside pdl_off."""
+    return PDL and _pdl_on
 
 
 def current_trigger() -> int:
-    """The USE_PDL value launches take now (PDL_LATE, or as early_trigger / trigger_first set)."""
-    return _trigger
+    """The USE_PDL value launches take now (PDL_LATE, or as early_trigger / trigger_first set;
+    PDL_OFF under the interpreter and inside pdl_off)."""
+    return _trigger if pdl_launch() else PDL_OFF
+
+
+@contextmanager
+def pdl_off(enabled: bool = True):
+    """Kernels launched inside go out as plain launches, their griddepcontrol compiled out
+    (variant no_pdl: what PDL is worth, the control for k3trace whatif --no-pdl). Safe for
+    every kernel: without PDL a launch starts once its producer has completed, so loads
+    placed before the wait read finished data too."""
+    global _pdl_on
+    prev = _pdl_on
+    if enabled:
+        _pdl_on = False
+    try:
+        yield
+    finally:
+        _pdl_on = prev
 
 
 @contextmanager
@@ -186,5 +209,5 @@ def launch(kernel, grid, *args, delay_ns: int = 0, **meta) -> None:
     """Launch `kernel` PDL-style with the USE_PDL / DELAY_NS constexprs every K3 kernel takes."""
     if delay_ns < 0:
         raise ValueError("delay_ns must be >= 0")
-    kernel[grid](*args, **meta, USE_PDL=_trigger if PDL else PDL_OFF,
-                 DELAY_NS=int(delay_ns) if PDL else 0, launch_pdl=PDL)
+    kernel[grid](*args, **meta, USE_PDL=current_trigger(),
+                 DELAY_NS=int(delay_ns) if PDL else 0, launch_pdl=pdl_launch())

@@ -35,7 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, mma_v2, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.k3.ops.common import PDL, PDL_OFF, current_trigger
+from kernels.k3.ops.common import current_trigger, pdl_launch
 
 
 @gluon.jit
@@ -236,10 +236,10 @@ def skinny_gl(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     bn, bk, warps, stages, early = config or GL_CONFIGS.get((K, N), GL_DEFAULT)
     assert x.shape == (1, K) and x.is_contiguous() and out.shape == (1, N) and out.stride(1) == 1
     assert w.dtype == x.dtype == torch.bfloat16 and K % bk == 0 and 0 <= early <= stages
-    use_pdl = current_trigger() if PDL else PDL_OFF
+    use_pdl = current_trigger()
     skinny_gl_kernel[(triton.cdiv(N, bn),)](x, gl_weight_descriptor(w, bk, bn), out, N, K=K, BLOCK_K=bk,
                                             BLOCK_N=bn, STAGES=stages, EARLY=early, USE_PDL=min(use_pdl, 2),
-                                            num_warps=warps, launch_pdl=PDL)
+                                            num_warps=warps, launch_pdl=pdl_launch())
     return out
 
 
@@ -266,8 +266,8 @@ def skinny_ws(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     bn, bk, warps, stages, mma, maxnreg = config or WS_CONFIGS.get((K, N), WS_DEFAULT)
     assert x.shape == (1, K) and x.is_contiguous() and out.shape == (1, N) and out.stride(1) == 1
     assert w.dtype == x.dtype == torch.bfloat16 and K % bk == 0 and warps % 4 == 0
-    use_pdl = current_trigger() if PDL else PDL_OFF
+    use_pdl = current_trigger()
     skinny_ws_kernel[(triton.cdiv(N, bn),)](x, gl_weight_descriptor(w, bk, bn), out, N, K=K, BLOCK_K=bk,
                                             BLOCK_N=bn, STAGES=stages, MMA=mma, USE_PDL=min(use_pdl, 2),
-                                            num_warps=warps, maxnreg=maxnreg, launch_pdl=PDL)
+                                            num_warps=warps, maxnreg=maxnreg, launch_pdl=pdl_launch())
     return out
