@@ -1,6 +1,11 @@
-"""Where a no_pdl build first departs from its PDL build (kernels/README.md, round eleven): one
-eager step of the 5-layer GPU test model at B = 1 for each prefix of layers, every mutable
-tensor compared bit for bit, and a second PDL model as the determinism control."""
+"""Where a no_pdl build departs from its PDL build (kernels/README.md, round eleven), on the
+5-layer GPU test model at B = 1, every mutable tensor compared bit for bit:
+
+    python3 bench/probe_no_pdl.py                     # baseline, no_attn_forks: graph / eager x PDL / plain;
+                                                      # then one eager step per prefix of layers
+    python3 bench/probe_no_pdl.py C49 C49+mla_head_bmm   # the same for campaign builds (C49 expands)
+    python3 bench/probe_no_pdl.py --plain kda_conv_fused triton_linear   # graph plain vs eager plain
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,12 @@ from kernels.k3.model import K3Decode
 from kernels.k3.variants import parse
 
 
-def outputs(layers: int, name: str) -> dict[str, torch.Tensor]:
-    model = K3Decode(K3Config(batch=1, num_layers=layers, block_size=4, n_expert_banks=2), parse(name), "cuda")
-    model.step()
+def _model(layers: int, name: str) -> K3Decode:
+    return K3Decode(K3Config(batch=1, num_layers=layers, block_size=4, n_expert_banks=2), parse(name), "cuda")
+
+
+def _state(model: K3Decode) -> dict[str, torch.Tensor]:
+    """Every mutable tensor and the output row, copied; the model's memory given back."""
     torch.cuda.synchronize()
     out = {"hidden": model.hidden().clone(), **{k: t.clone() for k, t in model.mutable_state().items()}}
     del model
@@ -21,12 +29,18 @@ def outputs(layers: int, name: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def outputs(layers: int, name: str) -> dict[str, torch.Tensor]:
+    model = _model(layers, name)
+    model.step()
+    return _state(model)
+
+
 def replayed(name: str, steps: int, graph_mode: bool) -> dict[str, torch.Tensor]:
     """The 5-layer model after `steps` steps, eager or captured once and replayed."""
-    model = K3Decode(K3Config(batch=1, num_layers=5, block_size=4, n_expert_banks=2), parse(name), "cuda")
+    model = _model(5, name)
     start = model.snapshot()
     if graph_mode:
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream()  # warm-up (compiles, cuBLAS workspaces) as the GPU tests' capture does
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             model.step()
@@ -42,11 +56,7 @@ def replayed(name: str, steps: int, graph_mode: bool) -> dict[str, torch.Tensor]
         model.restore(start)
         for _ in range(steps):
             model.step()
-    torch.cuda.synchronize()
-    out = {"hidden": model.hidden().clone(), **{k: t.clone() for k, t in model.mutable_state().items()}}
-    del model
-    torch.cuda.empty_cache()
-    return out
+    return _state(model)
 
 
 def compare(tag: str, a: dict, b: dict) -> None:
