@@ -194,7 +194,7 @@ def mla_decode_fmha_kernel(q, cache, block_table, seq_lens, partial, lse, sm_sca
         # with 64-token splits of one tile each that is the whole split's addressing.
         # fmha_early_kv: its cache rows too. Safe only where the step's new row was written
         # by a kernel that completed before our producer started (the KV leg's cache insert,
-        # joined before q_concat), never by our producer itself (the model checks).
+        # joined before q_concat), never by our producer itself (plan.fmha_early_kv checks).
         ts0 = start + tl.arange(0, BLOCK_N)
         tm0 = ts0 < end
         page0 = tl.load(block_table + b.to(tl.int64) * stride_bt + ts0 // PAGE, mask=tm0, other=0)
