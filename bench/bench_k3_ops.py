@@ -848,19 +848,14 @@ def moe_down(B: int, calls: int) -> dict[str, float]:
     return res
 
 
-def moe_hops(B: int, calls: int) -> dict[str, float]:
-    """Variants moe_down_atomic and situ_in_gate_up at the K3 routed shapes, one token: the
-    chain from the gate|up GEMM to the latent norm as the step runs it (early triggers), in
-    four forms: as c49 (gate|up GEMM -> situ_mul -> down GEMM -> weighted sum -> norm), with
-    the down GEMM's atomic sum (the sum's launch gone), with SiTU in the gate|up epilogue
-    (situ_mul's gone), and both; back to back and one call at a time, each call routed to
-    another draw of 16 experts (132 MB of weights)."""
+def _routed_chain(seed: int):
+    """The routed chain at the K3 shapes, one token, as c51 runs it: gate|up GEMM -> situ_mul ->
+    down GEMM -> weighted sum -> latent norm, or (atomic) the down GEMM's atomic sum -> norm,
+    or (act_out) SiTU in the gate|up epilogue; each call i routed to another draw of 16
+    experts (132 MB of weights). Returns (chain(i, atomic, act_out, gu_blocks, down_blocks), draws)."""
     from kernels.k3.ops import moe, norm
-    from kernels.k3.ops.common import early_trigger
 
-    if B != 1:
-        return {}
-    g = torch.Generator(device="cuda").manual_seed(31)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     E, H, I, top_k = 896, 3584, 384, 16
     w13 = torch.randn(E, 2 * I, H, device="cuda", dtype=BF, generator=g) * H ** -0.5
     w2 = torch.randn(E, H, I, device="cuda", dtype=BF, generator=g) * I ** -0.5
@@ -881,21 +876,36 @@ def moe_hops(B: int, calls: int) -> dict[str, float]:
     lat, lat_n = torch.empty(1, H, device="cuda", dtype=BF), torch.empty(1, H, device="cuda", dtype=BF)
     acc = torch.zeros(1, H, device="cuda", dtype=torch.float32)
 
-    def chain(i, atomic, act_out):
+    def chain(i, atomic, act_out, gu_blocks=None, down_blocks=None):
         al = aligned[i % n]
         if act_out:
-            moe.moe_grouped_gemm(x, w13, *al, h, top_k=top_k, act_out=True)
+            moe.moe_grouped_gemm(x, w13, *al, h, top_k=top_k, act_out=True, **(gu_blocks or {}))
         else:
-            moe.moe_grouped_gemm(x, w13, *al, gu, top_k=top_k)
+            moe.moe_grouped_gemm(x, w13, *al, gu, top_k=top_k, **(gu_blocks or {}))
             moe.situ_mul(gu, h)
         if atomic:
-            moe.moe_grouped_gemm(h, w2, *al, acc, top_k=top_k, x_is_per_token=False, sum_weights=tw)
+            moe.moe_grouped_gemm(h, w2, *al, acc, top_k=top_k, x_is_per_token=False, sum_weights=tw,
+                                 **(down_blocks or {}))
             norm.rmsnorm(acc, gamma, lat_n, clear_input=True)
         else:
-            moe.moe_grouped_gemm(h, w2, *al, y, top_k=top_k, x_is_per_token=False)
+            moe.moe_grouped_gemm(h, w2, *al, y, top_k=top_k, x_is_per_token=False, **(down_blocks or {}))
             moe.moe_weighted_sum(y, tw, lat)
             norm.rmsnorm(lat, gamma, lat_n)
 
+    return chain, n
+
+
+def moe_hops(B: int, calls: int) -> dict[str, float]:
+    """Variants moe_down_atomic and situ_in_gate_up at the K3 routed shapes, one token: the
+    chain from the gate|up GEMM to the latent norm as the step runs it (early triggers), in
+    four forms: as c49 (gate|up GEMM -> situ_mul -> down GEMM -> weighted sum -> norm), with
+    the down GEMM's atomic sum (the sum's launch gone), with SiTU in the gate|up epilogue
+    (situ_mul's gone), and both; back to back and one call at a time (_routed_chain)."""
+    from kernels.k3.ops.common import early_trigger
+
+    if B != 1:
+        return {}
+    chain, n = _routed_chain(31)
     res = {}
     with early_trigger():
         for tag, atomic, act_out in (("c49", False, False), ("moe_down_atomic", True, False),
@@ -903,7 +913,36 @@ def moe_hops(B: int, calls: int) -> dict[str, float]:
             res[f"gate|up -> norm, {tag}, back to back"] = per_call_us(lambda i, a=atomic, o=act_out: chain(i, a, o),
                                                                      calls)
             res[f"gate|up -> norm, {tag}, one call"] = single_call_us(lambda i, a=atomic, o=act_out: chain(i, a, o), n)
-    del w13, w2
+    del chain  # its weights
+    torch.cuda.empty_cache()
+    return res
+
+
+#: moe_grouped_tuned's candidates: (block_n, block_k, num_warps, num_stages).
+GROUPED_SWEEP = ([(bn, bk, 4, st) for bn in (32, 64, 128) for bk in (64, 128, 256) for st in (3, 4, 6)]
+                 + [(128, bk, 8, st) for bk in (64, 128, 256) for st in (3, 4, 6)])
+
+
+def grouped_chain_sweep(B: int) -> dict[str, dict]:
+    """moe_grouped_tuned's candidates at one token: c51's routed chain (gate|up -> situ_mul ->
+    down GEMM's atomic sum -> norm, early triggers) one call at a time, with one grouped
+    GEMM's blocks changed and the other's at the defaults (64, 128, 4, 4)."""
+    from kernels.k3.ops.common import early_trigger
+
+    if B != 1:
+        return {}
+    chain, n = _routed_chain(41)
+    res = {}
+    with early_trigger():
+        for name, shape, key in (("gate_up", "768x3584", "gu_blocks"), ("down", "3584x384", "down_blocks")):
+            rows = {}
+            for c in GROUPED_SWEEP:
+                blocks = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), c))
+                rows[",".join(map(str, c))] = _try_us(lambda i, b=blocks: chain(i, True, False, **{key: b}), 0, n)
+            best = sorted(rows, key=rows.get)
+            res[name] = {"shape": shape, "default_us": rows["64,128,4,4"], "best": best[:3],
+                         "best_us": [rows[k] for k in best[:3]], "all": rows}
+    del chain  # its weights
     torch.cuda.empty_cache()
     return res
 
@@ -1117,6 +1156,8 @@ def main() -> int:
     p.add_argument("--sweep-shapes", nargs="*", default=(),
                    help="sweep only the dense shapes whose name contains one of these (no grouped sweep)")
     p.add_argument("--cases", nargs="*", default=None, help="run only these standalone cases (none: no case)")
+    p.add_argument("--grouped-chain", action="store_true",
+                   help="sweep the routed grouped GEMMs' blocks in the routed chain, one call at a time (moe_grouped_tuned)")
     p.add_argument("--split-sweep", nargs="*", default=None,
                    help="sweep split-K configs (linear_split_k) for the dense shapes whose name contains one of these")
     args = p.parse_args()
@@ -1163,6 +1204,11 @@ def main() -> int:
         sweeps["grouped"] = grouped_sweep(B, args.calls)
         for name, r in sweeps["grouped"].items():
             print(f"grouped {name}: default {r['default_us']:.2f} us, best {r['best_us']:.2f} us at {r['best_config']}")
+    if args.grouped_chain:
+        sweeps["grouped_chain"] = grouped_chain_sweep(B)
+        for name, r in sweeps["grouped_chain"].items():
+            print(f"grouped chain, {name} ({r['shape']}): default {r['default_us']:.2f} us, best "
+                  + ", ".join(f"{c} {us:.2f}" for c, us in zip(r["best"], r["best_us"])))
     print("standalone saving x layers (full depth; attn_res at 8 bank rows):")
     for name, (layers, old, new) in SAVINGS.items():
         res = cases.get(CASE_OF.get(name, name), {})

@@ -5,6 +5,8 @@
                                                       # then one eager step per prefix of layers
     python3 bench/probe_no_pdl.py C49 C49+mla_head_bmm   # the same for campaign builds (C49 expands)
     python3 bench/probe_no_pdl.py --plain kda_conv_fused triton_linear   # graph plain vs eager plain
+    python3 bench/probe_no_pdl.py --modes kda_conv_fused no_attn_forks+kda_conv_fused
+        # graph plain twice (is it repeatable?), eager plain vs eager PDL, graph plain vs eager PDL
 """
 
 from __future__ import annotations
@@ -75,6 +77,15 @@ def main() -> None:
         for name in sys.argv[2:]:
             full = name.replace("C49", C49) + "+no_pdl"
             compare(f"{name}: graph plain vs eager plain", replayed(full, 1, True), replayed(full, 1, False))
+        return
+    if sys.argv[1:2] == ["--modes"]:  # which side departs, and whether the departure repeats
+        for name in sys.argv[2:]:
+            full = name.replace("C49", C49)
+            g_plain, g_again = replayed(full + "+no_pdl", 1, True), replayed(full + "+no_pdl", 1, True)
+            e_plain, e_pdl = replayed(full + "+no_pdl", 1, False), replayed(full, 1, False)
+            compare(f"{name}: graph plain vs graph plain", g_plain, g_again)
+            compare(f"{name}: eager plain vs eager PDL", e_plain, e_pdl)
+            compare(f"{name}: graph plain vs eager PDL", g_plain, e_pdl)
         return
     names = sys.argv[1:] or ["baseline", "no_attn_forks"]
     for name in (n.replace("C49", C49) for n in names):

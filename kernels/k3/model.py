@@ -51,6 +51,7 @@ from kernels.k3.ops.mla import (FMHA_BLOCK_N, gate_mul, head_bmm, mla_cache_inse
                                   mla_decode_fmha, mla_q_concat)
 from kernels.k3.ops.moe import (
     alloc_front_router_done,
+    grouped_config,
     moe_align,
     moe_down_mix,
     moe_front_router,
@@ -781,8 +782,12 @@ class K3Decode:
             elif not in_front:  # in front: routed inside the front's own launch
                 self._join(router)
             acts = P.gate_up_acts(cfg, v)  # then the GEMM stores h = SiTU(gate, up) itself
+            # moe_grouped_tuned: both grouped GEMMs at moe.GROUPED_CONFIGS' blocks
+            tuned = P.grouped_tuned(cfg, v)
+            gu_blocks, down_blocks = (grouped_config(w.w13), grouped_config(w.w2)) if tuned else ({}, {})
             self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg,
-                         s.expert_h if acts else s.expert_gu, top_k=cfg.top_k, x_is_per_token=True, act_out=acts)
+                         s.expert_h if acts else s.expert_gu, top_k=cfg.top_k, x_is_per_token=True, act_out=acts,
+                         **gu_blocks)
             mixed = P.down_mixes(cfg, v)
             if mixed:  # the down GEMM forms the weighted sum (with situ_fused, from gate|up)
                 if not v.situ_fused and not acts:
@@ -791,17 +796,17 @@ class K3Decode:
                              w.w2, s.topk_ids[l], weights, s.routed_lat, act_in=v.situ_fused)
             elif v.situ_fused:  # the down GEMM applies SiTU as it loads gate|up
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_gu, w.w2, *seg, s.expert_y,
-                             top_k=cfg.top_k, x_is_per_token=False, act_in=True)
+                             top_k=cfg.top_k, x_is_per_token=False, act_in=True, **down_blocks)
             elif P.down_sums(cfg, v):  # the down GEMM adds the weighted sum into routed_sum
                 if not acts:
                     self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.routed_sum,
-                             top_k=cfg.top_k, x_is_per_token=False, sum_weights=weights)
+                             top_k=cfg.top_k, x_is_per_token=False, sum_weights=weights, **down_blocks)
             else:
                 if not acts:
                     self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.expert_y,
-                             top_k=cfg.top_k, x_is_per_token=False)
+                             top_k=cfg.top_k, x_is_per_token=False, **down_blocks)
             self._prefetch_leg(w.up_g if P.latent_norm_folds(cfg, v) else w.up)  # during the sum and norm
             if P.moe_tail_fuses(cfg, v):
                 self._triton(P.UP, skinny_mm_mixnorm, s.expert_y, weights, w.latent_norm, w.up,

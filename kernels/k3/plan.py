@@ -459,6 +459,13 @@ def down_sums(cfg: K3Config, v: Variant) -> bool:
             and not latent_norm_folds(cfg, v) and not down_mixes(cfg, v) and not sum_norm_fuses(cfg, v))
 
 
+def grouped_tuned(cfg: K3Config, v: Variant) -> bool:
+    """moe_grouped_tuned: at B = 1 the routed grouped GEMMs take their blocks from
+    moe.GROUPED_CONFIGS (picked in the step, kernels/README.md round twelve), not
+    moe_grouped_gemm's defaults, which were picked back to back at every batch."""
+    return v.moe_grouped_tuned and cfg.batch == 1
+
+
 def gate_up_acts(cfg: K3Config, v: Variant) -> bool:
     """situ_in_gate_up: at B = 1 the routed gate|up GEMM takes each gate row with its up row
     in one tile and stores SiTU of the pair (bit for bit situ_mul's h), so the routed

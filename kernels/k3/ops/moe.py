@@ -470,6 +470,19 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
     pdl_trigger(USE_PDL)
 
 
+#: Variant moe_grouped_tuned (B = 1): moe_grouped_gemm's (block_n, block_k, num_warps,
+#: num_stages) by expert weight shape (N, K); a shape not here keeps the defaults.
+GROUPED_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+
+
+def grouped_config(w: torch.Tensor) -> dict[str, int]:
+    """moe_grouped_gemm's block keywords for expert bank `w` [E, N, K] from GROUPED_CONFIGS."""
+    config = GROUPED_CONFIGS.get((w.shape[1], w.shape[2]))
+    if config is None:
+        return {}
+    return dict(zip(("block_n", "block_k", "num_warps", "num_stages"), config))
+
+
 def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor,
                      seg_expert: torch.Tensor, seg_start: torch.Tensor, num_segs: torch.Tensor,
                      out: torch.Tensor, *, top_k: int = 16, x_is_per_token: bool = True,
