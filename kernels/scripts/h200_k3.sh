@@ -630,20 +630,15 @@ campaign39_final)  # after round 11's last kernel change: mla_q_skinny's standal
 campaign40)  # round 11, last: C64 / C64 + side_priority / C65 / C66 (2 rounds, 8 builds: no 11th position)
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
     --variants $C64 $C64+side_priority $C65 $C66 $C64 $C64+side_priority $C65 $C66 --json $OUT/step40.json 2>&1 | grep "B=" ;;
-campaign41)  # round 12: moe_grouped_tuned's sweep (the routed chain, one call at a time); C64 against its best
-  # three per GEMM in the step (2 rounds, 10 builds); the no_pdl probe's modes (kda_conv_fused, with and without forks)
-  timeout 300 python3 bench/bench_k3_ops.py --batch 1 --grouped-chain --json $OUT/ops41_b1.json 2>&1 | grep "grouped chain"
-  builds=$(python3 -c "
-import json, sys
-r = json.load(open('$OUT/ops41_b1.json'))['sweeps']['grouped_chain']
-gu, dn = r['gate_up']['best'], r['down']['best']
-t = '$C68@grouped='
-one = [t + '768x3584:' + gu[0], t + '3584x384:' + dn[0], t + '768x3584:' + gu[0] + '/3584x384:' + dn[0],
-       t + '768x3584:' + gu[1] + '/3584x384:' + dn[1]]
-print(' '.join(['$C64'] + one + ['$C64'] + one))")
-  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $builds \
-    --json $OUT/step41.json 2>&1 | grep "B="
+campaign41)  # round 12: moe_grouped_tuned's sweep (the routed chain, one call at a time); the no_pdl probe's
+  # modes (kda_conv_fused, with and without forks). Then campaign41_step with the sweep's picks.
+  timeout 330 python3 bench/bench_k3_ops.py --batch 1 --grouped-chain --json $OUT/ops41_b1.json 2>&1 | grep "grouped chain"
   timeout 200 python3 bench/probe_no_pdl.py --modes kda_conv_fused no_attn_forks+kda_conv_fused 2>&1 | tee $OUT/probe41.log ;;
+campaign41_step)  # C64 against C68 at the sweep's picks (GU1 GU2 DN1 DN2: gate|up and down blocks), 2 rounds of 5
+  t="$C68@grouped="; g=768x3584; d=3584x384
+  one="$t$g:$GU1 $t$d:$DN1 $t$g:$GU1/$d:$DN1 $t$g:$GU2/$d:$DN2"
+  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C64 $one $C64 $one \
+    --json $OUT/step41.json 2>&1 | grep "B=" ;;
 pdl_probe)  # no_pdl: its GPU test; baseline / +no_pdl / C64 / C67 unprofiled (2 rounds); c64 and c67 recorded at full depth (carry .nsys)
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "no_pdl" 2>&1 \
     | tee $OUT/gpu_pdl.log | tail -2
