@@ -634,11 +634,16 @@ campaign41)  # round 12: moe_grouped_tuned's sweep (the routed chain, one call a
   # modes (kda_conv_fused, with and without forks). Then campaign41_step with the sweep's picks.
   timeout 330 python3 bench/bench_k3_ops.py --batch 1 --grouped-chain --json $OUT/ops41_b1.json 2>&1 | grep "grouped chain"
   timeout 200 python3 bench/probe_no_pdl.py --modes kda_conv_fused no_attn_forks+kda_conv_fused 2>&1 | tee $OUT/probe41.log ;;
-campaign41_step)  # C64 against C68 at the sweep's picks (GU1 GU2 DN1 DN2: gate|up and down blocks), 2 rounds of 5
+campaign41_step)  # C64 against C68 at the sweep's picks (GU1 GU2 DN1 DN2: gate|up and down blocks), 2 rounds of 5;
+  # then kda_step's conv barrier: the no_pdl probe's modes again, the plain-launch and KDA GPU tests, C64's model tests
   t="$C68@grouped="; g=768x3584; d=3584x384
   one="$t$g:$GU1 $t$d:$DN1 $t$g:$GU1/$d:$DN1 $t$g:$GU2/$d:$DN2"
   timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C64 $one $C64 $one \
-    --json $OUT/step41.json 2>&1 | grep "B=" ;;
+    --json $OUT/step41.json 2>&1 | grep "B="
+  timeout 120 python3 bench/probe_no_pdl.py --modes kda_conv_fused 2>&1 | tee $OUT/probe41b.log
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py tests/kernels/test_k3_ops.py \
+    -k "no_pdl_bitwise or kda or ((matches_reference or kernel_nodes) and c64-1)" 2>&1 \
+    | tee $OUT/gpu41.log | tail -3 ;;
 pdl_probe)  # no_pdl: its GPU test; baseline / +no_pdl / C64 / C67 unprofiled (2 rounds); c64 and c67 recorded at full depth (carry .nsys)
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "no_pdl" 2>&1 \
     | tee $OUT/gpu_pdl.log | tail -2

@@ -54,7 +54,9 @@ def _conv_window(sp, conv_w, cs, cm, stride_sj):
 def _conv_silu_shift(sp, stride_sj, x, older, s1, s2, w3, store_mask):
     """SiLU(conv4 over [window, x]) in fp32; the window shifts in place where store_mask."""
     acc = older + w3 * x.to(tl.float32)
-    # Each program owns its channels of this slot's window: the in-place shift cannot race.
+    # Each program owns its channels of this slot's window, so programs cannot race; within
+    # one, an element held by several threads must be loaded by all of them first (kda_step's
+    # barrier; kda_conv_silu's 4 warps hold each of its 256 channels once).
     tl.store(sp, s1, mask=store_mask)
     tl.store(sp + stride_sj, s2, mask=store_mask)
     tl.store(sp + 2 * stride_sj, to_dtype(x, sp.dtype.element_ty), mask=store_mask)
@@ -143,7 +145,13 @@ def kda_step_kernel(qkv, fab, fb, A_log, dt_bias, g_out, state, slot_idx, norm_w
         if FUSE_NORM:
             # g: our producer's output now (the qkvg GEMM), so after the wait.
             gate = tl.load(g_out + b.to(tl.int64) * stride_g + h * DV + vs).to(tl.float32)
-        # One program per head (the fused norm's grid): it owns the head's window rows.
+        # One program per head (the fused norm's grid): it owns the head's window rows. But at
+        # 8 warps a 128-wide vector is held twice over (256 threads), and the store of an
+        # element comes from one holder while the other may not have loaded it yet: every
+        # window load completes in the CTA before any shift is stored. Without the barrier
+        # plain launches (no_pdl, where the wait above compiles out) gave run-to-run
+        # different states; the PDL wait only made the race unlikely.
+        tl.debug_barrier()
         q = _conv_silu_shift(win + qc, stride_cj, tl.load(row + qc), q_old, q_s1, q_s2, q_w3, all_k)
         k = _conv_silu_shift(win + kc, stride_cj, tl.load(row + kc), k_old, k_s1, k_s2, k_w3, all_k)
         v = _conv_silu_shift(win + vc, stride_cj, tl.load(row + vc), v_old, v_s1, v_s2, v_w3, all_v)
