@@ -644,6 +644,11 @@ campaign41_step)  # C64 against C68 at the sweep's picks (GU1 GU2 DN1 DN2: gate|
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py tests/kernels/test_k3_ops.py \
     -k "no_pdl_bitwise or kda or ((matches_reference or kernel_nodes) and c64-1)" 2>&1 \
     | tee $OUT/gpu41.log | tail -3 ;;
+campaign42)  # round 12: the down GEMM's blocks near campaign41's winner (64, 64, 4, 4) in the step, 2 rounds of 5
+  t="$C68@grouped=3584x384:"
+  one="${t}64,64,4,4 ${t}32,64,4,4 ${t}64,64,4,3 ${t}128,64,4,4"
+  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C64 $one $C64 $one \
+    --json $OUT/step42.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
 pdl_probe)  # no_pdl: its GPU test; baseline / +no_pdl / C64 / C67 unprofiled (2 rounds); c64 and c67 recorded at full depth (carry .nsys)
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "no_pdl" 2>&1 \
     | tee $OUT/gpu_pdl.log | tail -2
