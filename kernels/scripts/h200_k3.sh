@@ -649,6 +649,11 @@ campaign42)  # round 12: the down GEMM's blocks near campaign41's winner (64, 64
   one="${t}64,64,4,4 ${t}32,64,4,4 ${t}64,64,4,3 ${t}128,64,4,4"
   timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C64 $one $C64 $one \
     --json $OUT/step42.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
+campaign43)  # round 12: the gate|up GEMM's blocks on C68 (the down GEMM at 64, 64, 4, 4 committed), 2 rounds of 5
+  t="$C68@grouped=768x3584:"
+  one="${t}64,64,4,4 ${t}64,64,4,6 ${t}32,128,4,4 ${t}64,256,4,3"
+  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
+    --json $OUT/step43.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
 pdl_probe)  # no_pdl: its GPU test; baseline / +no_pdl / C64 / C67 unprofiled (2 rounds); c64 and c67 recorded at full depth (carry .nsys)
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "no_pdl" 2>&1 \
     | tee $OUT/gpu_pdl.log | tail -2

@@ -471,8 +471,10 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
 
 
 #: Variant moe_grouped_tuned (B = 1): moe_grouped_gemm's (block_n, block_k, num_warps,
-#: num_stages) by expert weight shape (N, K); a shape not here keeps the defaults.
-GROUPED_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+#: num_stages) by expert weight shape (N, K); a shape not here keeps the defaults. The down
+#: GEMM (K = 384) in six K blocks of 64, not three of 128: -0.08 ms in the step (kernels/README.md,
+#: round twelve); the gate|up GEMM's candidates lost or tied there.
+GROUPED_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {(3584, 384): (64, 64, 4, 4)}
 
 
 def grouped_config(w: torch.Tensor) -> dict[str, int]:
