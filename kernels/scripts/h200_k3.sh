@@ -654,6 +654,10 @@ campaign43)  # round 12: the gate|up GEMM's blocks on C68 (the down GEMM at 64, 
   one="${t}64,64,4,4 ${t}64,64,4,6 ${t}32,128,4,4 ${t}64,256,4,3"
   timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
     --json $OUT/step43.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
+campaign44)  # round 12: C68's model GPU tests (kernel nodes, reference; B = 1), record_ab c64 c68 (carry .nsys)
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "(matches_reference or kernel_nodes) and c68" 2>&1 | tee $OUT/gpu44.log | tail -2
+  bash $0 record_ab c64 c68 ;;
 pdl_probe)  # no_pdl: its GPU test; baseline / +no_pdl / C64 / C67 unprofiled (2 rounds); c64 and c67 recorded at full depth (carry .nsys)
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "no_pdl" 2>&1 \
     | tee $OUT/gpu_pdl.log | tail -2

@@ -87,6 +87,8 @@ SHARED_UP = f"{DOWN_ATOMIC}+shared_in_up"
 MLA_ROUND = f"{DOWN_ATOMIC}+fmha_one_tile+fmha_early_kv+mla_head_bmm+mla_gate_in_v+g_proj_early"
 #: The round's kept build c64: c51 with the head BMMs and the Q chain's GEMMs as split-K skinny ones.
 C64 = f"{DOWN_ATOMIC}+mla_head_bmm+mla_q_skinny"
+#: c64 with the down GEMM at moe.GROUPED_CONFIGS' blocks (round twelve).
+C68 = f"{C64}+moe_grouped_tuned"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -463,7 +465,8 @@ def test_gpu_side_priority_raises_the_side_streams():
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
                                   "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
-                                  SITU_GATE_UP, SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64")])
+                                  SITU_GATE_UP, SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"),
+                                  pytest.param(C68, id="c68")])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -486,7 +489,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
-                                  SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64")])
+                                  SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"), pytest.param(C68, id="c68")])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()
