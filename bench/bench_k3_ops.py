@@ -918,6 +918,30 @@ def moe_hops(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def grouped_tuned(B: int, calls: int) -> dict[str, float]:
+    """Variant moe_grouped_tuned at one token: c64's routed chain (gate|up -> situ_mul -> down
+    GEMM's atomic sum -> norm, early triggers) with the down GEMM at the defaults and at
+    moe.GROUPED_CONFIGS' blocks, each form twice in turn (the one-call figures of this chain
+    moved by several us between two timings of one form in round twelve's sweep)."""
+    from kernels.k3.ops import moe
+    from kernels.k3.ops.common import early_trigger
+
+    if B != 1:
+        return {}
+    chain, n = _routed_chain(43)
+    tuned = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), moe.GROUPED_CONFIGS[(3584, 384)]))
+    res = {}
+    with early_trigger():
+        for rnd in (1, 2):
+            for tag, down in (("c64: down GEMM at (64, 128, 4, 4)", None), ("moe_grouped_tuned: down GEMM at "
+                                                                            + str(moe.GROUPED_CONFIGS[(3584, 384)]), tuned)):
+                res[f"{tag}, back to back, {rnd}"] = per_call_us(lambda i, d=down: chain(i, True, False, None, d), calls)
+                res[f"{tag}, one call, {rnd}"] = single_call_us(lambda i, d=down: chain(i, True, False, None, d), n)
+    del chain  # its weights
+    torch.cuda.empty_cache()
+    return res
+
+
 #: moe_grouped_tuned's candidates: (block_n, block_k, num_warps, num_stages).
 GROUPED_SWEEP = ([(bn, bk, 4, st) for bn in (32, 64, 128) for bk in (64, 128, 256) for st in (3, 4, 6)]
                  + [(128, bk, 8, st) for bk in (64, 128, 256) for st in (3, 4, 6)])
@@ -1178,7 +1202,8 @@ def main() -> int:
             "moe_hops": lambda: moe_hops(B, args.calls),
             "shared_up": lambda: shared_up(B, args.calls),
             "mla_round": lambda: mla_round(B, args.calls),
-            "mla_q_skinny": lambda: mla_q_chain(B, args.calls)}
+            "mla_q_skinny": lambda: mla_q_chain(B, args.calls),
+            "moe_grouped_tuned": lambda: grouped_tuned(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

@@ -658,6 +658,12 @@ campaign44)  # round 12: C68's model GPU tests (kernel nodes, reference; B = 1),
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
     -k "(matches_reference or kernel_nodes) and c68" 2>&1 | tee $OUT/gpu44.log | tail -2
   bash $0 record_ab c64 c68 ;;
+campaign45)  # round 12: moe_grouped_tuned's standalone case; the gate|up GEMM's blocks near the defaults on C68
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases moe_grouped_tuned --json $OUT/ops45_b1.json 2>&1 | grep "  "
+  t="$C68@grouped=768x3584:"
+  one="${t}64,128,4,5 ${t}64,128,8,4 ${t}64,128,8,6 ${t}128,64,4,6"
+  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
+    --json $OUT/step45.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
 pdl_probe)  # no_pdl: its GPU test; baseline / +no_pdl / C64 / C67 unprofiled (2 rounds); c64 and c67 recorded at full depth (carry .nsys)
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "no_pdl" 2>&1 \
     | tee $OUT/gpu_pdl.log | tail -2
