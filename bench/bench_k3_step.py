@@ -120,6 +120,8 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     - mlasub=q_b,kv_a: triton_mla_proj's GEMMs (plan.MLA_SKINNY);
     - glcfg=KxN:BN,BK,WARPS,STAGES,EARLY/...: linear_gluon's configs (gemv_gluon.GL_CONFIGS);
     - wscfg=KxN:BN,BK,WARPS,STAGES,MMA,MAXNREG/...: linear_ws's configs (gemv_gluon.WS_CONFIGS);
+    - skcfg=KxN:BN,BK,WARPS,STAGES/...: the skinny GEMM's configs (gemv.SKINNY_CONFIGS);
+    - tmacfg=KxN:BN,BK,WARPS,STAGES/...: linear_tma_tuned's (gemv.TMA_CONFIGS; 7168x5120 the front's rest);
     - grouped=NxK:BN,BK,WARPS,STAGES/...: moe_grouped_tuned's blocks by expert weight shape
       (moe.GROUPED_CONFIGS; 768x3584 the gate|up GEMM, 3584x384 the down GEMM);
     - skinny (a suffix): the skinny GEMM's configs from a bench_k3_ops.py --latency sweep."""
@@ -145,6 +147,10 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
         stack.enter_context(patched(gemv_gluon, GL_CONFIGS=_shape_table(gemv_gluon.GL_CONFIGS, spec["glcfg"])))
     if "wscfg" in spec:
         stack.enter_context(patched(gemv_gluon, WS_CONFIGS=_shape_table(gemv_gluon.WS_CONFIGS, spec["wscfg"])))
+    if "skcfg" in spec:
+        stack.enter_context(patched(gemv, SKINNY_CONFIGS=_shape_table(gemv.SKINNY_CONFIGS, spec["skcfg"])))
+    if "tmacfg" in spec:
+        stack.enter_context(patched(gemv, TMA_CONFIGS=_shape_table(gemv.TMA_CONFIGS, spec["tmacfg"])))
     if "grouped" in spec:
         stack.enter_context(patched(moe, GROUPED_CONFIGS=_shape_table(moe.GROUPED_CONFIGS, spec["grouped"])))
     if "skinny" in spec and skinny_table:
@@ -191,7 +197,8 @@ def main() -> int:
                         "BUILD@glsub=o_proj,front linear_gluon on those GEMMs; "
                         "BUILD@mlasub=q_b,kv_a triton_mla_proj on those GEMMs; BUILD@glcfg=KxN:BN,BK,W,S,E/... its configs; "
                         "BUILD@wscfg=KxN:BN,BK,W,S,MMA,MAXNREG/... linear_ws's; "
-                        "BUILD@grouped=NxK:BN,BK,W,S/... moe_grouped_tuned's blocks")
+                        "BUILD@grouped=NxK:BN,BK,W,S/... moe_grouped_tuned's blocks; "
+                        "BUILD@skcfg=KxN:BN,BK,W,S/... and @tmacfg=... the skinny GEMM's and linear_tma_tuned's configs")
     p.add_argument("--skinny-table", default="",
                    help="bench_k3_ops.py --latency sweep JSON: builds suffixed @skinny take its best unsplit "
                         "skinny-GEMM configs (one call at a time), to time them in the step beside the committed table")

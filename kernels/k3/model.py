@@ -63,7 +63,7 @@ from kernels.k3.ops.moe import (
     situ_mul,
     weighted_sum_chunks,
 )
-from kernels.k3.ops.gemv import (SKINNY_CONFIGS, SKINNY_DEFAULT, TMA_CONFIGS, alloc_split_k, gemv, skinny_mm,
+from kernels.k3.ops.gemv import (SKINNY_CONFIGS, SKINNY_DEFAULT, alloc_split_k, gemv, skinny_mm,
                                  skinny_mm_mixnorm)
 from kernels.k3.ops import gemv as gemv_ops  # its module constants, read at capture
 from kernels.k3.ops.gemv_gluon import skinny_gl, skinny_ws
@@ -520,7 +520,7 @@ class K3Decode:
             return
         if P.linear_is_triton(self.cfg, v, subop):
             tma = v.linear_tma and (not v.linear_tma_x or a.shape[1] == self.cfg.hidden)
-            config = TMA_CONFIGS.get(tuple(w.shape)) if tma and v.linear_tma_tuned else None
+            config = gemv_ops.TMA_CONFIGS.get(tuple(w.shape)) if tma and v.linear_tma_tuned else None
             self._triton(subop, skinny_mm, a, w, out, early_weights=v.linear_early_weights,
                          split_k=self._split_for(subop), tma=tma, config=config,
                          prefetch_bytes=v.linear_prefetch_mb << 20)

@@ -664,6 +664,16 @@ campaign45)  # round 12: moe_grouped_tuned's standalone case; the gate|up GEMM's
   one="${t}64,128,4,5 ${t}64,128,8,4 ${t}64,128,8,6 ${t}128,64,4,6"
   timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
     --json $OUT/step45.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
+campaign46)  # round 12: the skinny GEMMs' configs tried in the step on C68 (each list 2 rounds of 5): the MoE
+  # front's rest (TMA), the MoE up GEMM, the KDA qkvg; their tables were picked one call at a time or back to back
+  for spec in "tmacfg=7168x5120:32,256,4,4 32,256,8,4 64,256,4,6 64,128,4,6" \
+              "skcfg=3584x7168:32,128,4,6 64,256,4,4 64,128,8,6 128,128,8,4" \
+              "skcfg=7168x6144:32,256,4,4 64,256,4,4 64,128,4,6 128,256,8,3"; do
+    head=${spec%%:*}; one=""
+    for c in ${spec#*:}; do one="$one $C68@$head:$c"; done
+    timeout 180 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
+      --json $OUT/step46_${head%%=*}_${head#*=}.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//'
+  done ;;
 pdl_probe)  # no_pdl: its GPU test; baseline / +no_pdl / C64 / C67 unprofiled (2 rounds); c64 and c67 recorded at full depth (carry .nsys)
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "no_pdl" 2>&1 \
     | tee $OUT/gpu_pdl.log | tail -2
