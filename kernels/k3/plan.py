@@ -460,10 +460,11 @@ def down_sums(cfg: K3Config, v: Variant) -> bool:
 
 
 def grouped_tuned(cfg: K3Config, v: Variant) -> bool:
-    """moe_grouped_tuned: at B = 1 the routed grouped GEMMs take their blocks from
-    moe.GROUPED_CONFIGS (picked in the step, kernels/README.md round twelve), not
-    moe_grouped_gemm's defaults, which were picked back to back at every batch."""
-    return v.moe_grouped_tuned and cfg.batch == 1
+    """moe_grouped_tuned: the routed grouped GEMMs take their blocks from moe.GROUPED_CONFIGS
+    (picked in the step, kernels/README.md round twelve), not moe_grouped_gemm's defaults,
+    which were picked back to back. At every batch: the down GEMM's six K blocks of 64
+    gained at B = 1, 8 and 64 alike."""
+    return v.moe_grouped_tuned
 
 
 def gate_up_acts(cfg: K3Config, v: Variant) -> bool:

@@ -674,6 +674,16 @@ campaign46)  # round 12: the skinny GEMMs' configs tried in the step on C68 (eac
     timeout 180 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
       --json $OUT/step46_${head%%=*}_${head#*=}.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//'
   done ;;
+campaign48)  # round 12: C68's model GPU tests at B = 8 and 64 now that it applies there; then campaign47
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "(matches_reference or kernel_nodes) and (c68-8 or c68-64)" 2>&1 | tee $OUT/gpu48.log | tail -2
+  bash $0 campaign47 ;;
+campaign47)  # round 12: moe_grouped_tuned at B = 8 and 64 (measured while it applied at B = 1 only, with a
+  # bench override since removed that extended it; now it applies at every batch), against C64 there
+  timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C64 $C68 $C64 \
+    $C68 $C64 $C68 --json $OUT/step47_b8.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//'
+  timeout 200 python3 bench/bench_k3_step.py --batches 64 --replays 30 --variants $C64 $C68 $C64 \
+    $C68 --json $OUT/step47_b64.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
 pdl_probe)  # no_pdl: its GPU test; baseline / +no_pdl / C64 / C67 unprofiled (2 rounds); c64 and c67 recorded at full depth (carry .nsys)
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "no_pdl" 2>&1 \
     | tee $OUT/gpu_pdl.log | tail -2
