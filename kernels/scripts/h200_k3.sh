@@ -678,6 +678,11 @@ campaign48)  # round 12: C68's model GPU tests at B = 8 and 64 now that it appli
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
     -k "(matches_reference or kernel_nodes) and (c68-8 or c68-64)" 2>&1 | tee $OUT/gpu48.log | tail -2
   bash $0 campaign47 ;;
+campaign48_final)  # after round 12's kernel changes (kda_step's barrier, the down GEMM's blocks): every GPU test but CuTe DSL's
+  set -o pipefail
+  timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
+    tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
+    | tee $OUT/gpu48_all.log | tail -4 ;;
 campaign47)  # round 12: moe_grouped_tuned at B = 8 and 64 (measured while it applied at B = 1 only, with a
   # bench override since removed that extended it; now it applies at every batch), against C64 there
   timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C64 $C68 $C64 \
