@@ -46,6 +46,9 @@ STANDALONE = {
     "fmha_one_tile+fmha_early_kv": (24, "mla_round", "c51: fmha + wide combine, 65 x 128 || g_proj (S2)",
                                     "fmha_one_tile+fmha_early_kv || g_proj (S2)"),
     "mla_q_skinny": (24, "mla_q_skinny", "c57: q_a, q_b by cuBLAS", "mla_q_skinny: split-K skinny"),
+    # Round twelve: the routed chain with the down GEMM at the defaults and at the table's blocks.
+    "moe_grouped_tuned": (92, "moe_grouped_tuned", "c64: down GEMM at (64, 128, 4, 4), back to back",
+                          "moe_grouped_tuned: down GEMM at (64, 64, 4, 4), back to back"),
 }
 #: Changes whose standalone figure sums several chains of one case: (layers, case, old keys, new keys).
 STANDALONE_SUMS = {
@@ -67,6 +70,7 @@ OWN_KERNELS = {
     # The kernels the change edits: the down GEMM adds, the norm reads fp32 and clears.
     "moe_down_atomic": ("moe_grouped_gemm_kernel", "rmsnorm_kernel"),
     "situ_in_gate_up": ("moe_grouped_gemm_kernel",),
+    "moe_grouped_tuned": ("moe_grouped_gemm_kernel",),  # the same kernel at other blocks
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).

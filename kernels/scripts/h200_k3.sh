@@ -683,6 +683,14 @@ campaign48_final)  # after round 12's kernel changes (kda_step's barrier, the do
   timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
     tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
     | tee $OUT/gpu48_all.log | tail -4 ;;
+campaign49)  # round 12: the down GEMM's blocks around (64, 64, 4, 4) on C68 at B = 1 (2 rounds of 5) and B = 64 (2 of 4)
+  t="$C68@grouped=3584x384:"
+  one="${t}64,32,4,4 ${t}64,32,4,6 ${t}64,64,4,6 ${t}64,64,8,4"
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
+    --json $OUT/step49.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//'
+  one="${t}64,32,4,4 ${t}128,64,4,4 ${t}64,64,4,6"
+  timeout 300 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C68 $one $C68 $one \
+    --json $OUT/step49_b64.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
 campaign47)  # round 12: moe_grouped_tuned at B = 8 and 64 (measured while it applied at B = 1 only, with a
   # bench override since removed that extended it; now it applies at every batch), against C64 there
   timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C64 $C68 $C64 \
