@@ -238,3 +238,30 @@ pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us"
 mla = r11["standalone_us"]["campaign34 (mla_round case)"] | r11["standalone_us"]["campaign39_final (mla_q_skinny case)"]
 pl.DataFrame([{"chain": k.removesuffix(", one call"), "mode": "one call" if k.endswith(", one call") else "back to back",
                "us": v} for k, v in mla.items()]).pivot(on="mode", index="chain", values="us")
+
+# %% [markdown]
+# ## Round twelve: the routed grouped GEMMs' blocks
+# c68 = c64 + moe_grouped_tuned: the down GEMM (K = 384) in six K blocks of 64, not three of 128.
+# Each list's builds against its c64 (or, in the lists without c64, its c68); `@grouped=`,
+# `@skcfg=` and `@tmacfg=` are configs tried in the step and not kept. Lists from campaign46 on ran
+# on a fresh machine. The B = 8 and 64 lists compare c64 with c68 applied at every batch.
+
+# %%
+r12 = full["round12"]
+runs12 = per_build(unprofiled_runs(r12))
+base12 = (runs12.filter(pl.col("build").is_in(["c64", "c64+moe_grouped_tuned"]))
+          .sort("build").group_by("list", "batch").agg(pl.col("step_ms").first().alias("base_ms"),
+                                                       pl.col("build").first().alias("base")))
+runs12.join(base12, on=["list", "batch"], how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("base_ms"))
+
+# %%
+pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
+               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
+               "largest_elsewhere": "; ".join(f"{k} {v:+.0f}" for k, _, v in d["elsewhere_top"]),
+               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
+              for name, d in r12["diff"].items()])
+
+# %%
+chain = r12["standalone_us"]["campaign45 (moe_grouped_tuned case)"]
+pl.DataFrame([dict(zip(("form", "mode", "round"), k.rsplit(", ", 2)), us=v)  # the form's blocks hold commas
+              for k, v in chain.items()]).pivot(on="mode", index=["form", "round"], values="us")
