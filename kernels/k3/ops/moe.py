@@ -473,7 +473,7 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
 #: Variant moe_grouped_tuned: moe_grouped_gemm's (block_n, block_k, num_warps, num_stages) by
 #: expert weight shape (N, K); a shape not here keeps the defaults. The down GEMM (K = 384) in
 #: six K blocks of 64, not three of 128, so its 4-stage pipeline fills: in the step -0.08 ms at
-#: B = 1, -0.14 at B = 8, -4.2 at B = 64 (kernels/README.md, round twelve); the gate|up GEMM's
+#: B = 1, -0.12 at B = 8, -4.1 at B = 64 (kernels/README.md, round twelve); the gate|up GEMM's
 #: candidates lost or tied at B = 1.
 GROUPED_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {(3584, 384): (64, 64, 4, 4)}
 
