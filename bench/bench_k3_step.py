@@ -122,11 +122,13 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     - wscfg=KxN:BN,BK,WARPS,STAGES,MMA,MAXNREG/...: linear_ws's configs (gemv_gluon.WS_CONFIGS);
     - skcfg=KxN:BN,BK,WARPS,STAGES/...: the skinny GEMM's configs (gemv.SKINNY_CONFIGS);
     - tmacfg=KxN:BN,BK,WARPS,STAGES/...: linear_tma_tuned's (gemv.TMA_CONFIGS; 7168x5120 the front's rest);
+    - attnres=BLOCK_H,SCORE_WARPS,COMBINE_WARPS: the attention residuals' column chunk and warps
+      (attn_res.BLOCK_H_MAX, PAIR_WARPS);
     - grouped=NxK:BN,BK,WARPS,STAGES/...: moe_grouped_tuned's blocks by expert weight shape
       (moe.GROUPED_CONFIGS; 768x3584 the gate|up GEMM, 3584x384 the down GEMM);
     - skinny (a suffix): the skinny GEMM's configs from a bench_k3_ops.py --latency sweep."""
     from kernels.k3 import plan
-    from kernels.k3.ops import gemv, gemv_gluon, moe
+    from kernels.k3.ops import attn_res, gemv, gemv_gluon, moe
 
     stack = ExitStack()
     if "front" in spec:
@@ -151,6 +153,9 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
         stack.enter_context(patched(gemv, SKINNY_CONFIGS=_shape_table(gemv.SKINNY_CONFIGS, spec["skcfg"])))
     if "tmacfg" in spec:
         stack.enter_context(patched(gemv, TMA_CONFIGS=_shape_table(gemv.TMA_CONFIGS, spec["tmacfg"])))
+    if "attnres" in spec:
+        block_h, *warps = _ints(spec["attnres"])
+        stack.enter_context(patched(attn_res, BLOCK_H_MAX=block_h, PAIR_WARPS=tuple(warps)))
     if "grouped" in spec:
         stack.enter_context(patched(moe, GROUPED_CONFIGS=_shape_table(moe.GROUPED_CONFIGS, spec["grouped"])))
     if "skinny" in spec and skinny_table:

@@ -693,6 +693,11 @@ campaign49)  # round 12: the down GEMM's blocks around (64, 64, 4, 4) on C68 at 
   one="${t}64,32,4,4 ${t}128,64,4,4 ${t}64,64,4,6"
   timeout 300 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C68 $one $C68 $one \
     --json $OUT/step49_b64.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
+campaign50)  # round 12, last: the attention residuals' column chunk and warps in the step on C68 (2 rounds of 5)
+  t="$C68@attnres="
+  one="${t}256,4,4 ${t}1024,4,4 ${t}512,2,2 ${t}512,8,8"
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
+    --json $OUT/step50.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//' ;;
 campaign47)  # round 12: moe_grouped_tuned at B = 8 and 64 (measured while it applied at B = 1 only, with a
   # bench override since removed that extended it; now it applies at every batch), against C64 there
   timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C64 $C68 $C64 \

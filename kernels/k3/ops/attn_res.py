@@ -64,9 +64,15 @@ from kernels.k3.ops.common import (DOT_F32, INTERPRET, cdiv, dot, l2_prefetch, l
 EPS = 1e-6
 
 
+#: The score and combine kernels' column chunk and warps (score, combine): bench_k3_step.py's
+#: `@attnres=BLOCK_H,SCORE_WARPS,COMBINE_WARPS` times others in the step.
+BLOCK_H_MAX = 512
+PAIR_WARPS = (4, 4)
+
+
 def _block_h(H: int) -> int:
     # 512 columns x 8 rows: 4K fp32 per program; 14 chunks per token at H = 7168.
-    return min(512, next_pow2(H))
+    return min(BLOCK_H_MAX, next_pow2(H))
 
 
 def attn_res_scores_shape(B: int, H: int, r_max: int = 8) -> tuple[int, int, int, int]:
@@ -532,7 +538,7 @@ def attn_res_score(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores:
            addend2.stride(0) if addend2 is not None else 0,
            **prefetch_args(prefetch, prefetch_bytes, B * NC, scores), R=R, W=W, BLOCK_H=_block_h(H), HAS_ADDEND=addend is not None,
            HAS_ADDEND2=addend2 is not None, GRAM_DOT=gram_dot, EARLY_ROWS=early_rows,
-           T=max(16, W), DOT_F32=DOT_F32, num_warps=4, delay_ns=delay_ns)
+           T=max(16, W), DOT_F32=DOT_F32, num_warps=PAIR_WARPS[0], delay_ns=delay_ns)
     return scores
 
 
@@ -556,7 +562,7 @@ def attn_res_combine(bank: torch.Tensor, n_rows: int, scores: torch.Tensor, gamm
     launch(attn_res_combine_kernel, (B, cdiv(H, _block_h(H))), bank, scores, gamma, out, n_rows, H, NC,
            bank.stride(0), bank.stride(1), out.stride(0), eps,
            R=R, W=W, BLOCK_H=_block_h(H), ONE_SHOT=one_shot, EARLY_ROWS=early_rows,
-           NCP=next_pow2(NC), num_warps=8 if NC > 32 else 4, delay_ns=delay_ns)
+           NCP=next_pow2(NC), num_warps=8 if NC > 32 else PAIR_WARPS[1], delay_ns=delay_ns)
     return out
 
 
