@@ -42,6 +42,7 @@ from kernels.k3.ops.attn_res import (
     attn_res_fused,
     attn_res_one_pass,
     attn_res_score,
+    WIDE_BLOCK_H,
     gemm_scores_shape,
     residual_add,
 )
@@ -270,7 +271,9 @@ class K3Decode:
         if P.router_in_front(cfg, variant):  # the front's own split-K buffers: main's
             self._split_k.setdefault(P.MAIN, alloc_split_k(max(cfg.hidden, cfg.front_width), self.device))
             self.front_router_done = alloc_front_router_done(self.device)
-        self.attn_res_scores = alloc_attn_res_scores(self.bank)
+        # attn_res_wide: the pair's column chunk (0: attn_res's default)
+        self.attn_res_block_h = WIDE_BLOCK_H if P.attn_res_wide(cfg, variant) else 0
+        self.attn_res_scores = alloc_attn_res_scores(self.bank, self.attn_res_block_h)
         if P.score_in_o_proj(cfg, variant):  # one partial per o_proj column block
             bn = SKINNY_CONFIGS.get((cfg.kda_width, cfg.hidden), SKINNY_DEFAULT)[0]
             assert all(SKINNY_CONFIGS.get((k, cfg.hidden), SKINNY_DEFAULT)[0] == bn
@@ -640,10 +643,10 @@ class K3Decode:
             with trigger_first(v.pdl_trigger_first):
                 self._triton(P.SCORE, attn_res_score, self.bank, n, w.query, self.attn_res_scores,
                              addend=addend, addend2=addend2, gram_dot=v.attn_res_dot,
-                             early_rows=v.attn_res_early_rows, **self._prefetch(nxt))
+                             early_rows=v.attn_res_early_rows, block_h=self.attn_res_block_h, **self._prefetch(nxt))
                 self._triton(P.COMBINE, attn_res_combine, self.bank, n, self.attn_res_scores,
                              w.gamma, s.x, eps=cfg.norm_eps, one_shot=v.attn_res_dot,
-                             early_rows=v.attn_res_early_rows)
+                             early_rows=v.attn_res_early_rows, block_h=self.attn_res_block_h)
 
     def _kda(self, l: int, w: KDALayer) -> None:
         cfg, s, v = self.cfg, self.s, self.variant

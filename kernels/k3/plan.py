@@ -467,6 +467,15 @@ def grouped_tuned(cfg: K3Config, v: Variant) -> bool:
     return v.moe_grouped_tuned
 
 
+def attn_res_wide(cfg: K3Config, v: Variant) -> bool:
+    """attn_res_wide: at B = 1 the score -> combine pair runs in chunks of 1024 columns (7
+    programs per token at H = 7168), not 512: fewer partials to sum, each program's loads
+    longer. Where the pair runs: not with the one-launch forms (attn_res_fused,
+    attn_res_one_pass) nor where the o_proj scores (attn_res_in_o_proj)."""
+    return (v.attn_res_wide and cfg.batch == 1 and not attn_res_fuses(cfg, v)
+            and not attn_res_one_pass(cfg, v) and not score_in_o_proj(cfg, v))
+
+
 def gate_up_acts(cfg: K3Config, v: Variant) -> bool:
     """situ_in_gate_up: at B = 1 the routed gate|up GEMM takes each gate row with its up row
     in one tile and stores SiTU of the pair (bit for bit situ_mul's h), so the routed

@@ -87,8 +87,10 @@ SHARED_UP = f"{DOWN_ATOMIC}+shared_in_up"
 MLA_ROUND = f"{DOWN_ATOMIC}+fmha_one_tile+fmha_early_kv+mla_head_bmm+mla_gate_in_v+g_proj_early"
 #: The round's kept build c64: c51 with the head BMMs and the Q chain's GEMMs as split-K skinny ones.
 C64 = f"{DOWN_ATOMIC}+mla_head_bmm+mla_q_skinny"
-#: c64 with the down GEMM at moe.GROUPED_CONFIGS' blocks (round twelve).
+#: c64 with the down GEMM at moe.GROUPED_CONFIGS' blocks (round twelve), then the attention
+#: residuals' pair in wider chunks.
 C68 = f"{C64}+moe_grouped_tuned"
+C69 = f"{C68}+attn_res_wide"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -303,6 +305,7 @@ def check_near(cfg: K3Config, base_model, sep_model, base: dict, must_differ: bo
                                                                            ("mla_head_bmm", 1), ("mla_head_bmm+mla_gate_in_v", 2),
                                                                            ("g_proj_early", 1), ("mla_head_bmm+mla_gate_in_v+g_proj_early", 2),
                                                                            ("triton_linear+mla_head_bmm+mla_q_skinny", 1),
+                                                                           ("attn_res_dot+attn_res_wide", 1), ("attn_res_wide", 1),
                                                                            ("no_attn_forks+fmha_one_tile+fmha_early_kv+mla_head_bmm"
                                                                             "+mla_gate_in_v", 1)])
 def test_campaign_variants_near_baseline(name, batch):
@@ -467,7 +470,7 @@ def test_gpu_side_priority_raises_the_side_streams():
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
                                   "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
                                   SITU_GATE_UP, SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"),
-                                  pytest.param(C68, id="c68")])
+                                  pytest.param(C68, id="c68"), pytest.param(C69, id="c69")])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -490,7 +493,8 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
-                                  SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"), pytest.param(C68, id="c68")])
+                                  SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"), pytest.param(C68, id="c68"),
+                                  pytest.param(C69, id="c69")])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()

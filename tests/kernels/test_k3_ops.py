@@ -160,15 +160,15 @@ def test_attn_res_folded_vs_separate(n_rows):
     _folded_vs_separate(2, 700, n_rows, 3)
 
 
-def _aggregate(bank, n_rows, query, gamma, *, addend=None, addend2=None, dot=False, early=False):
-    """Score + combine on copies: (bank after, scores, out); `dot` / `early` are the
-    variants attn_res_dot / attn_res_early_rows."""
+def _aggregate(bank, n_rows, query, gamma, *, addend=None, addend2=None, dot=False, early=False, block_h=0):
+    """Score + combine on copies: (bank after, scores, out); `dot` / `early` / `block_h` are
+    the variants attn_res_dot / attn_res_early_rows / attn_res_wide."""
     bank = bank.clone()
-    scores = attn_res.alloc_attn_res_scores(bank)
+    scores = attn_res.alloc_attn_res_scores(bank, block_h)
     out = torch.empty(bank.shape[1], bank.shape[2], device=DEV, dtype=BF)
     attn_res.attn_res_score(bank, n_rows, query, scores, addend=addend, addend2=addend2,
-                            gram_dot=dot, early_rows=early)
-    attn_res.attn_res_combine(bank, n_rows, scores, gamma, out, one_shot=dot, early_rows=early)
+                            gram_dot=dot, early_rows=early, block_h=block_h)
+    attn_res.attn_res_combine(bank, n_rows, scores, gamma, out, one_shot=dot, early_rows=early, block_h=block_h)
     return bank, scores, out
 
 
@@ -187,6 +187,25 @@ def _dot_vs_reference(B, H, n_rows, folded, seed):
     close(out, ref_out)
     # the layout the combine reads: columns past the query dot stay zero, as the loop stores
     assert torch.count_nonzero(scores[..., attn_res.attn_res_scores_shape(B, H)[2] + 1:]) == 0
+
+
+@pytest.mark.parametrize("n_rows,folded,dot", [(1, 0, True), (5, 1, False), (8, 2, True)])
+def test_attn_res_wide(n_rows, folded, dot):
+    """Variant attn_res_wide at the K3 width (H = 7168): the pair in chunks of 1024 columns
+    (7 partials) against the default 512 (14): the folded partial bit for bit, the logits
+    within fp32 sums in another order, the output within bf16 of both and of float64."""
+    bank, query, gamma, addend = _attn_res_inputs(1, 7168, 50 + n_rows)
+    adds = dict(zip(("addend", "addend2"), [addend, randn(gen(51), 1, 7168)][:folded]))
+    base_bank, base_scores, base_out = _aggregate(bank, n_rows, query, gamma, dot=dot, **adds)
+    wide_bank, wide_scores, wide_out = _aggregate(bank, n_rows, query, gamma, dot=dot,
+                                                  block_h=attn_res.WIDE_BLOCK_H, **adds)
+    assert wide_scores.shape[1] == 7 and base_scores.shape[1] == 14
+    exact(wide_bank, base_bank)
+    close(attn_res.attn_res_logits(wide_scores, n_rows, 7168), attn_res.attn_res_logits(base_scores, n_rows, 7168),
+          atol=1e-4, rtol=1e-4)
+    close(wide_out, base_out)
+    ref_out, _ = R.ref_attn_res(wide_bank, n_rows, query, gamma)
+    close(wide_out, ref_out)
 
 
 @pytest.mark.parametrize("B,H,n_rows,folded", [(1, 1100, 1, 0), (1, 1100, 5, 1), (2, 700, 8, 2), (1, 7168, 8, 2)])
@@ -1098,6 +1117,12 @@ for B in (1, 8, 64):
     if B == 1:  # variant moe_tail_fused, and moe_tail_mma's two sums of squares
         for mma in (0, 1, 2):
             gemv.skinny_mm_mixnorm(e(16, 3584), e(1, 16, dt=F32), e(3584), e(3584, H), e(1, H), mma=mma)
+    if B == 1:  # variant attn_res_wide: the pair in 1024-column chunks (plain and attn_res_dot)
+        wsc = e(*attn_res.attn_res_scores_shape(B, H, 8, attn_res.WIDE_BLOCK_H), dt=F32)
+        for dot in (False, True):
+            attn_res.attn_res_score(bank, 5, e(H), wsc, addend=e(B, H), addend2=e(B, H), gram_dot=dot,
+                                    block_h=attn_res.WIDE_BLOCK_H)
+            attn_res.attn_res_combine(bank, 5, wsc, e(H), e(B, H), one_shot=dot, block_h=attn_res.WIDE_BLOCK_H)
     if B == 1:  # variant attn_res_in_o_proj: the o_proj's Gram epilogue, the combine over its partials
         gsc = e(*attn_res.gemm_scores_shape(H, 64, 8), dt=F32)
         gemv.skinny_mm(e(1, 1536), e(1536, H), e(1, H), gram=(bank, 5, e(H), gsc, True))

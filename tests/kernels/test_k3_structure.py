@@ -161,7 +161,8 @@ def test_baseline_counts():
     ("g_proj_early", 0),                # the same launches, g_proj's leg forked earlier
     ("mla_q_skinny", 0),                # needs triton_linear (below)
     ("no_pdl", 0),                      # the same launches, plain instead of PDL-style
-    ("moe_grouped_tuned", 0),           # the same grouped GEMMs, other blocks (B = 1)
+    ("moe_grouped_tuned", 0),           # the same grouped GEMMs, other blocks
+    ("attn_res_wide", 0),               # the same pair, wider chunks (B = 1)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))

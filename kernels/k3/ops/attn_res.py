@@ -68,6 +68,9 @@ EPS = 1e-6
 #: `@attnres=BLOCK_H,SCORE_WARPS,COMBINE_WARPS` times others in the step.
 BLOCK_H_MAX = 512
 PAIR_WARPS = (4, 4)
+#: Variant attn_res_wide (B = 1): the pair's chunk, 7 programs per token at H = 7168 (-0.15 ms
+#: in the step against 512; 256 and 2048 were slower; kernels/README.md, round twelve).
+WIDE_BLOCK_H = 1024
 
 
 def _block_h(H: int) -> int:
@@ -75,9 +78,10 @@ def _block_h(H: int) -> int:
     return min(BLOCK_H_MAX, next_pow2(H))
 
 
-def attn_res_scores_shape(B: int, H: int, r_max: int = 8) -> tuple[int, int, int, int]:
+def attn_res_scores_shape(B: int, H: int, r_max: int = 8, block_h: int = 0) -> tuple[int, int, int, int]:
+    """`block_h`: the pair's column chunk (0: the default, _block_h)."""
     R = next_pow2(r_max)
-    return (B, cdiv(H, _block_h(H)), R, next_pow2(R + 1))
+    return (B, cdiv(H, block_h or _block_h(H)), R, next_pow2(R + 1))
 
 
 def gemm_scores_shape(H: int, block_n: int, r_max: int = 8) -> tuple[int, int, int, int]:
@@ -87,9 +91,9 @@ def gemm_scores_shape(H: int, block_n: int, r_max: int = 8) -> tuple[int, int, i
     return (1, cdiv(H, block_n), R, next_pow2(R + 1))
 
 
-def alloc_attn_res_scores(bank: torch.Tensor) -> torch.Tensor:
+def alloc_attn_res_scores(bank: torch.Tensor, block_h: int = 0) -> torch.Tensor:
     R_MAX, B, H = bank.shape
-    return torch.empty(attn_res_scores_shape(B, H, R_MAX), device=bank.device, dtype=torch.float32)
+    return torch.empty(attn_res_scores_shape(B, H, R_MAX, block_h), device=bank.device, dtype=torch.float32)
 
 
 @triton.jit
@@ -513,9 +517,10 @@ def _check_bank(bank: torch.Tensor, n_rows: int) -> None:
 def attn_res_score(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores: torch.Tensor, *,
                    addend: torch.Tensor | None = None, addend2: torch.Tensor | None = None,
                    gram_dot: bool = False, early_rows: bool = False,
-                   prefetch: torch.Tensor | None = None, prefetch_bytes: int = 0,
+                   prefetch: torch.Tensor | None = None, prefetch_bytes: int = 0, block_h: int = 0,
                    delay_ns: int = 0) -> torch.Tensor:
-    """Partial scores of rows 0..n_rows-1 into `scores`; with `addend`, first
+    """Partial scores of rows 0..n_rows-1 into `scores` (chunks of `block_h` columns, 0: the
+    default; variant attn_res_wide); with `addend`, first
     bank[n_rows-1] += addend in place (the folded residual add), with `addend2` too
     bank[n_rows-1] += addend + addend2 (add3 folded: variant mlp_residual_folded).
     `gram_dot` (variant attn_res_dot): the partials by one tensor-core product, same layout,
@@ -524,7 +529,7 @@ def attn_res_score(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores:
     `prefetch_bytes` of this weight into L2 (variant prefetch:<MB>; common.l2_prefetch)."""
     _check_bank(bank, n_rows)
     R_MAX, B, H = bank.shape
-    assert scores.shape == attn_res_scores_shape(B, H, R_MAX) and scores.is_contiguous()
+    assert scores.shape == attn_res_scores_shape(B, H, R_MAX, block_h) and scores.is_contiguous()
     assert scores.dtype == torch.float32 and query.shape == (H,) and query.is_contiguous()
     _, NC, R, W = scores.shape
     assert addend2 is None or addend is not None
@@ -536,16 +541,17 @@ def attn_res_score(bank: torch.Tensor, n_rows: int, query: torch.Tensor, scores:
            addend2 if addend2 is not None else bank, query, scores, n_rows, H, bank.stride(0),
            bank.stride(1), addend.stride(0) if addend is not None else 0,
            addend2.stride(0) if addend2 is not None else 0,
-           **prefetch_args(prefetch, prefetch_bytes, B * NC, scores), R=R, W=W, BLOCK_H=_block_h(H), HAS_ADDEND=addend is not None,
-           HAS_ADDEND2=addend2 is not None, GRAM_DOT=gram_dot, EARLY_ROWS=early_rows,
+           **prefetch_args(prefetch, prefetch_bytes, B * NC, scores), R=R, W=W, BLOCK_H=block_h or _block_h(H),
+           HAS_ADDEND=addend is not None, HAS_ADDEND2=addend2 is not None, GRAM_DOT=gram_dot, EARLY_ROWS=early_rows,
            T=max(16, W), DOT_F32=DOT_F32, num_warps=PAIR_WARPS[0], delay_ns=delay_ns)
     return scores
 
 
 def attn_res_combine(bank: torch.Tensor, n_rows: int, scores: torch.Tensor, gamma: torch.Tensor,
                      out: torch.Tensor, *, eps: float = EPS, one_shot: bool = False,
-                     early_rows: bool = False, delay_ns: int = 0) -> torch.Tensor:
-    """out = RMSNorm(sum_r softmax(score)_r bank[r]) * gamma. `one_shot` (variant
+                     early_rows: bool = False, block_h: int = 0, delay_ns: int = 0) -> torch.Tensor:
+    """out = RMSNorm(sum_r softmax(score)_r bank[r]) * gamma, in chunks of `block_h` columns
+    (0: the default; the score kernel's, variant attn_res_wide). `one_shot` (variant
     attn_res_dot): the partials and the rows each in one load, the mix a tree sum;
     `early_rows`: every row but the last loads before the PDL wait, same arithmetic (with
     `one_shot`, the partials summed in index order: fp32 sums in another order).
@@ -553,15 +559,16 @@ def attn_res_combine(bank: torch.Tensor, n_rows: int, scores: torch.Tensor, gamm
     epilogue's, one per column block (gemm_scores_shape: variant attn_res_in_o_proj)."""
     _check_bank(bank, n_rows)
     R_MAX, B, H = bank.shape
-    gemm = scores.shape[1] != attn_res_scores_shape(B, H, R_MAX)[1]  # attn_res_in_o_proj's partials
+    block_h = block_h or _block_h(H)
+    gemm = scores.shape[1] != attn_res_scores_shape(B, H, R_MAX, block_h)[1]  # attn_res_in_o_proj's partials
     assert scores.shape[0] == B and scores.shape[2:] == attn_res_scores_shape(B, H, R_MAX)[2:]
     assert scores.is_contiguous() and (not gemm or (B == 1 and one_shot))
     assert gamma.shape == (H,) and gamma.is_contiguous()
     assert out.shape == (B, H) and out.stride(1) == 1
     _, NC, R, W = scores.shape
-    launch(attn_res_combine_kernel, (B, cdiv(H, _block_h(H))), bank, scores, gamma, out, n_rows, H, NC,
+    launch(attn_res_combine_kernel, (B, cdiv(H, block_h)), bank, scores, gamma, out, n_rows, H, NC,
            bank.stride(0), bank.stride(1), out.stride(0), eps,
-           R=R, W=W, BLOCK_H=_block_h(H), ONE_SHOT=one_shot, EARLY_ROWS=early_rows,
+           R=R, W=W, BLOCK_H=block_h, ONE_SHOT=one_shot, EARLY_ROWS=early_rows,
            NCP=next_pow2(NC), num_warps=8 if NC > 32 else PAIR_WARPS[1], delay_ns=delay_ns)
     return out
 
