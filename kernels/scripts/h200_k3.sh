@@ -222,7 +222,10 @@ C67=$C64+no_pdl
 # blocks swept in the routed chain one call at a time, the best in the step (moe_grouped_tuned, B = 1):
 C68=$C64+moe_grouped_tuned
 # The down GEMM at (64, 64, 4, 4): -0.08 ms at B = 1, -0.12 at B = 8, -4.1 at B = 64 (campaign41-49);
-# no gate|up config gained. Kept: the campaign build is C68.
+# no gate|up config gained. Kept: the campaign build is C68. Then the attention residuals' pair in
+# 1024-column chunks (campaign50, and an inline list with 2048 and 8 warps): -0.15 ms. Its GPU tests and
+# recording did not fit this session's device time (campaign51):
+C69=$C68+attn_res_wide
 
 case $phase in
 campaign_test)
@@ -698,6 +701,13 @@ campaign50)  # round 12, last: the attention residuals' column chunk and warps i
   one="${t}256,4,4 ${t}1024,4,4 ${t}512,2,2 ${t}512,8,8"
   timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
     --json $OUT/step50.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//' ;;
+campaign51)  # round 12, to finish: attn_res_wide's GPU tests (its op at the K3 shapes, C69's kernel nodes and
+  # reference at B = 1); C68 / C69 (3 rounds); record_ab c68 c69 (carry .nsys)
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
+    -k "attn_res or ((matches_reference or kernel_nodes) and c69)" 2>&1 | tee $OUT/gpu51.log | tail -2
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $C69 $C68 $C69 $C68 $C69 \
+    --json $OUT/step51b.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//'
+  bash $0 record_ab c68 c69 ;;
 campaign47)  # round 12: moe_grouped_tuned at B = 8 and 64 (measured while it applied at B = 1 only, with a
   # bench override since removed that extended it; now it applies at every batch), against C64 there
   timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C64 $C68 $C64 \

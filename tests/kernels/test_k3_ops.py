@@ -194,6 +194,10 @@ def test_attn_res_wide(n_rows, folded, dot):
     """Variant attn_res_wide at the K3 width (H = 7168): the pair in chunks of 1024 columns
     (7 partials) against the default 512 (14): the folded partial bit for bit, the logits
     within fp32 sums in another order, the output within bf16 of both and of float64."""
+    _wide_vs_default(n_rows, folded, dot)
+
+
+def _wide_vs_default(n_rows, folded, dot):
     bank, query, gamma, addend = _attn_res_inputs(1, 7168, 50 + n_rows)
     adds = dict(zip(("addend", "addend2"), [addend, randn(gen(51), 1, 7168)][:folded]))
     base_bank, base_scores, base_out = _aggregate(bank, n_rows, query, gamma, dot=dot, **adds)
@@ -1230,6 +1234,13 @@ BATCHES = [1, 8, 64]
 def test_gpu_attn_res_k3(B):
     for n_rows in (1, 4, 8):
         _folded_vs_separate(B, 7168, n_rows, 20 + n_rows)
+
+
+@gpu_only
+def test_gpu_attn_res_wide_k3():
+    """attn_res_wide compiled (B = 1, the batch it applies at), as the CPU test checks it."""
+    for n_rows, folded, dot in ((1, 0, True), (5, 1, False), (8, 2, True), (8, 2, False)):
+        _wide_vs_default(n_rows, folded, dot)
 
 
 @gpu_only
