@@ -124,11 +124,13 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     - tmacfg=KxN:BN,BK,WARPS,STAGES/...: linear_tma_tuned's (gemv.TMA_CONFIGS; 7168x5120 the front's rest);
     - attnres=BLOCK_H,SCORE_WARPS,COMBINE_WARPS: the attention residuals' column chunk and warps
       (attn_res.BLOCK_H_MAX, PAIR_WARPS);
+    - launch=KERNEL:WARPS[,STAGES]/...: a Triton kernel's num_warps (and num_stages) at every
+      launch (common.LAUNCH_META), e.g. launch=rmsnorm_kernel:4/kda_step_kernel:4;
     - grouped=NxK:BN,BK,WARPS,STAGES/...: moe_grouped_tuned's blocks by expert weight shape
       (moe.GROUPED_CONFIGS; 768x3584 the gate|up GEMM, 3584x384 the down GEMM);
     - skinny (a suffix): the skinny GEMM's configs from a bench_k3_ops.py --latency sweep."""
     from kernels.k3 import plan
-    from kernels.k3.ops import attn_res, gemv, gemv_gluon, moe
+    from kernels.k3.ops import attn_res, common, gemv, gemv_gluon, moe
 
     stack = ExitStack()
     if "front" in spec:
@@ -156,6 +158,12 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     if "attnres" in spec:
         block_h, *warps = _ints(spec["attnres"])
         stack.enter_context(patched(attn_res, BLOCK_H_MAX=block_h, PAIR_WARPS=tuple(warps)))
+    if "launch" in spec:
+        table = {}
+        for part in spec["launch"].split("/"):
+            name, values = part.split(":")
+            table[name] = dict(zip(("num_warps", "num_stages"), _ints(values)))
+        stack.enter_context(patched(common, LAUNCH_META=table))
     if "grouped" in spec:
         stack.enter_context(patched(moe, GROUPED_CONFIGS=_shape_table(moe.GROUPED_CONFIGS, spec["grouped"])))
     if "skinny" in spec and skinny_table:

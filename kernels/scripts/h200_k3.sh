@@ -708,6 +708,15 @@ campaign51)  # round 12, to finish: attn_res_wide's GPU tests (its op at the K3 
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $C69 $C68 $C69 $C68 $C69 \
     --json $OUT/step51b.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//'
   bash $0 record_ab c68 c69 ;;
+campaign52)  # prepared in round 12, not run: the latency-bound kernels' warps in the step on C68 (@launch=;
+  # the defaults: kda_step 8, rmsnorm 8 at 4096 columns, situ_mul 4, moe_router 4, gate_mul 4), 2 rounds of 5 each
+  for one in "kda_step_kernel:4 kda_step_kernel:16 rmsnorm_kernel:4 rmsnorm_kernel:16" \
+             "situ_mul_kernel:8 situ_mul_kernel:2 moe_router_kernel:8 gate_mul_kernel:8"; do
+    list=""
+    for c in $one; do list="$list $C68@launch=$c"; done
+    timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $list $C68 $list \
+      --json $OUT/step52_${one%%:*}.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//'
+  done ;;
 campaign47)  # round 12: moe_grouped_tuned at B = 8 and 64 (measured while it applied at B = 1 only, with a
   # bench override since removed that extended it; now it applies at every batch), against C64 there
   timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C64 $C68 $C64 \

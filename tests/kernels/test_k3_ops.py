@@ -74,6 +74,29 @@ def test_rmsnorm(M, N, width):
     close(out, R.ref_rmsnorm(x, w))
 
 
+def test_launch_meta_overrides_a_named_kernels_warps(monkeypatch):
+    """common.LAUNCH_META (bench_k3_step.py's `@launch=`) reaches the named kernel's launch
+    over the launcher's own num_warps, and no other kernel's; the result stays within bf16
+    (compiled, other warps sum in another order)."""
+    seen: list[tuple[str, int]] = []
+    kernel = norm.rmsnorm_kernel
+    real = type(kernel).__getitem__
+
+    def spy(self, grid):
+        run = real(self, grid)
+        return lambda *a, **kw: (seen.append((self.fn.__name__, kw.get("num_warps"))), run(*a, **kw))[1]
+
+    monkeypatch.setattr(type(kernel), "__getitem__", spy)
+    g = gen(2)
+    x, w = randn(g, 1, 7168), randn(g, 7168)
+    plain, tuned = (torch.empty(1, 7168, device=DEV, dtype=BF) for _ in range(2))
+    norm.rmsnorm(x, w, plain)
+    monkeypatch.setattr(common, "LAUNCH_META", {"rmsnorm_kernel": {"num_warps": 2}, "other_kernel": {"num_warps": 16}})
+    norm.rmsnorm(x, w, tuned)
+    assert seen == [("rmsnorm_kernel", 8), ("rmsnorm_kernel", 2)]
+    close(tuned, plain)
+
+
 # =========================================================================================
 # attention residuals
 # =========================================================================================

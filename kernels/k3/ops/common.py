@@ -205,9 +205,16 @@ def trigger_first(enabled: bool = True):
         _trigger = prev
 
 
+#: num_warps / num_stages by Triton kernel name, over what the launchers pass: how
+#: bench_k3_step.py's `@launch=` tries them in the step (kernels/README.md, round twelve: a
+#: config only the step can rank). Empty outside that bench.
+LAUNCH_META: dict[str, dict[str, int]] = {}
+
+
 def launch(kernel, grid, *args, delay_ns: int = 0, **meta) -> None:
     """Launch `kernel` PDL-style with the USE_PDL / DELAY_NS constexprs every K3 kernel takes."""
     if delay_ns < 0:
         raise ValueError("delay_ns must be >= 0")
+    meta.update(LAUNCH_META.get(kernel.fn.__name__, {}))
     kernel[grid](*args, **meta, USE_PDL=current_trigger(),
                  DELAY_NS=int(delay_ns) if PDL else 0, launch_pdl=pdl_launch())
