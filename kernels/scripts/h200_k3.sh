@@ -696,11 +696,12 @@ campaign49)  # round 12: the down GEMM's blocks around (64, 64, 4, 4) on C68 at 
   one="${t}64,32,4,4 ${t}128,64,4,4 ${t}64,64,4,6"
   timeout 300 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C68 $one $C68 $one \
     --json $OUT/step49_b64.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//' ;;
-campaign50)  # round 12, last: the attention residuals' column chunk and warps in the step on C68 (2 rounds of 5)
+campaign50)  # round 12: the attention residuals' column chunk and warps in the step on C68 (2 lists, 2 rounds of 5)
   t="$C68@attnres="
-  one="${t}256,4,4 ${t}1024,4,4 ${t}512,2,2 ${t}512,8,8"
-  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
-    --json $OUT/step50.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//' ;;
+  for one in "${t}256,4,4 ${t}1024,4,4 ${t}512,2,2 ${t}512,8,8" "${t}1024,4,4 ${t}2048,4,4 ${t}1024,8,8 ${t}2048,8,8"; do
+    timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $one $C68 $one \
+      --json $OUT/step50_$(echo $one | md5sum | cut -c1-6).json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//'
+  done ;;
 campaign51)  # round 12, to finish: attn_res_wide's GPU tests (its op at the K3 shapes, C69's kernel nodes and
   # reference at B = 1); C68 / C69 (3 rounds); record_ab c68 c69 (carry .nsys)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
