@@ -219,7 +219,7 @@ C66=$C65+side_priority
 C67=$C64+no_pdl
 # Round twelve: the routed grouped GEMMs' blocks were picked back to back at every batch; on c64's path
 # the gate|up GEMM runs ~25 us for 88 MB (floor 20.7) and the down GEMM ~12.6 for 44 MB (10.3). Their
-# blocks swept in the routed chain one call at a time, the best in the step (moe_grouped_tuned, B = 1):
+# blocks swept in the routed chain one call at a time, the best in the step (moe_grouped_tuned):
 C68=$C64+moe_grouped_tuned
 # The down GEMM at (64, 64, 4, 4): -0.08 ms at B = 1, -0.12 at B = 8, -4.1 at B = 64 (campaign41-49);
 # no gate|up config gained. Kept: the campaign build is C68. Then the attention residuals' pair in
