@@ -942,6 +942,41 @@ def grouped_tuned(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def attn_res_wide(B: int, calls: int) -> dict[str, float]:
+    """Variant attn_res_wide at one token: c68's pair (attn_res_dot's score with the attention
+    output folded in -> one-shot combine, early triggers) at the default column chunk and at
+    WIDE_BLOCK_H. Call i reads the bank rows of the step's aggregation i (the full-depth
+    schedule, 1..8 rows), so a figure is the mean over the step's 186 aggregations (one call
+    at a time: each row count alone, weighted by its count). Each form twice in turn. The
+    bank (115 kB) stays in L2, as in the step, where the previous layer wrote it."""
+    from kernels.k3.config import K3Config
+    from kernels.k3.ops import attn_res as A
+    from kernels.k3.ops.common import early_trigger
+
+    if B != 1:
+        return {}
+    cfg = K3Config()
+    rows = [cfg.bank_rows(l, site) for l in cfg.layers for site in ("attn", "mlp")]
+    bank, query, gamma, _, x = _attn_res_inputs(1)
+    addend = torch.randn(1, bank.shape[-1], device="cuda", dtype=BF, generator=torch.Generator(device="cuda").manual_seed(5))
+    res = {}
+    with early_trigger():
+        for rnd in (1, 2):
+            for tag, block_h in (("c68: pair at the default chunk", 0), (f"attn_res_wide: pair at {A.WIDE_BLOCK_H} columns", A.WIDE_BLOCK_H)):
+                scores = A.alloc_attn_res_scores(bank, block_h)
+
+                def pair(i, s=scores, bh=block_h):
+                    n = rows[i % len(rows)]
+                    A.attn_res_score(bank, n, query, s, addend=addend, gram_dot=True, block_h=bh)
+                    A.attn_res_combine(bank, n, s, gamma, x, one_shot=True, block_h=bh)
+
+                res[f"{tag}, back to back, {rnd}"] = per_call_us(pair, len(rows))
+                # One call at a time: each row count alone, weighted by its share of the step.
+                alone = {n: single_call_us(lambda i, n=n: pair(rows.index(n)), 1) for n in set(rows)}
+                res[f"{tag}, one call, {rnd}"] = sum(alone[n] for n in rows) / len(rows)
+    return res
+
+
 #: moe_grouped_tuned's candidates: (block_n, block_k, num_warps, num_stages).
 GROUPED_SWEEP = ([(bn, bk, 4, st) for bn in (32, 64, 128) for bk in (64, 128, 256) for st in (3, 4, 6)]
                  + [(128, bk, 8, st) for bk in (64, 128, 256) for st in (3, 4, 6)])
@@ -1203,7 +1238,8 @@ def main() -> int:
             "shared_up": lambda: shared_up(B, args.calls),
             "mla_round": lambda: mla_round(B, args.calls),
             "mla_q_skinny": lambda: mla_q_chain(B, args.calls),
-            "moe_grouped_tuned": lambda: grouped_tuned(B, args.calls)}
+            "moe_grouped_tuned": lambda: grouped_tuned(B, args.calls),
+            "attn_res_wide": lambda: attn_res_wide(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

@@ -49,6 +49,9 @@ STANDALONE = {
     # Round twelve: the routed chain with the down GEMM at the defaults and at the table's blocks.
     "moe_grouped_tuned": (92, "moe_grouped_tuned", "c64: down GEMM at (64, 128, 4, 4), back to back",
                           "moe_grouped_tuned: down GEMM at (64, 64, 4, 4), back to back"),
+    # The pair's mean over the step's aggregations (1..8 bank rows each), back to back.
+    "attn_res_wide": (186, "attn_res_wide", "c68: pair at the default chunk, back to back",
+                      "attn_res_wide: pair at 1024 columns, back to back"),
 }
 #: Changes whose standalone figure sums several chains of one case: (layers, case, old keys, new keys).
 STANDALONE_SUMS = {
@@ -71,6 +74,7 @@ OWN_KERNELS = {
     "moe_down_atomic": ("moe_grouped_gemm_kernel", "rmsnorm_kernel"),
     "situ_in_gate_up": ("moe_grouped_gemm_kernel",),
     "moe_grouped_tuned": ("moe_grouped_gemm_kernel",),  # the same kernel at other blocks
+    "attn_res_wide": ("attn_res_score_kernel", "attn_res_combine_kernel"),  # other chunks
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).

@@ -351,6 +351,7 @@ def test_early_trigger_rows_that_traded_are_read_together(analysis, ref):
     # than the largest of them.
     seen = set()
     for g in d.read_together():
+        assert g["reason"] == "traded"  # no kernel was replaced: no replacement's rest to read
         values = [r["contribution_us"] for r in g["rows"]]
         assert len(values) >= 2 and min(values) < 0 < max(values) and min(map(abs, values)) > band
         assert g["sum_us"] == pytest.approx(sum(values)) and abs(g["sum_us"]) < max(map(abs, values))
@@ -546,3 +547,41 @@ def test_tma_gemm_rows_read_together_with_the_score_after_them(analysis, ref):
     assert by_edit["skinny_mm_kernel"] > 0 > by_edit["attn_res_score_kernel"]
     assert abs(pair["sum_us"]) < min(map(abs, by_edit.values()))
     assert d.verdict_span == FASTER  # the step got faster, though the KDA GEMMs' own rows grew
+
+
+def test_a_replaced_pairs_rest_in_the_gemms_it_releases_is_read_with_it(analysis, ref):
+    # attn_res_wide (c68 -> c69, both 8-layer builds recorded in one call): the score ->
+    # combine pair in 1024-column chunks, the same kernel names at another grid (a 4 -> 4
+    # replacement). Under early triggers the combine records little more than its launch and
+    # the GEMM it releases records the rest of the pair's work. The raw rows: the GEMMs after
+    # a combine fell in every family by more than the pair's own rows moved (the truth, summed
+    # from the raw rows). k3trace reads the GEMMs' rows with the replacement as one group whose
+    # sum is the step's change, not the replacement's row alone.
+    old, new = "k3_bs1_c68", "k3_bs1_c69"
+    r_old, r_new = ref(old), ref(new)
+    pair = {"attn_res_score_kernel", "attn_res_combine_kernel"}
+    pair_us = kernel_time_us(r_new, pair) - kernel_time_us(r_old, pair)
+    after = {}
+    for family in ("moe", "kda", "mla"):
+        t_old, _, _ = followers(r_old, "skinny_mm_kernel", "attn_res_combine_kernel", family)
+        t_new, pdl, n = followers(r_new, "skinny_mm_kernel", "attn_res_combine_kernel", family)
+        assert n and pdl == n  # every GEMM after a combine follows it by PDL
+        after[family] = t_new - t_old
+    span = (statistics.mean(s.span for s in r_new.stable) - statistics.mean(s.span for s in r_old.stable)) / 1e3
+    assert all(v < -1 for v in after.values()) and sum(after.values()) < -2 * abs(pair_us), (after, pair_us)
+    d = diff([analysis(old)], [analysis(new)])
+    check_replay(d)
+    band = d.span_noise_band_us
+    released = [g for g in d.read_together() if g["reason"] == "released"]
+    assert len(released) == 1
+    g = released[0]
+    kinds = {(r["edit"], r["family"]): r for r in g["rows"]}
+    assert {("skinny_mm_kernel", f) for f in after} | {("4 kernels -> 4 kernels", "attn_res")} == set(kinds)
+    assert kinds[("4 kernels -> 4 kernels", "attn_res")]["kind"] == "replacement"
+    for family, raw in after.items():  # each GEMM row as its raw rows moved, within the noise
+        assert kinds[("skinny_mm_kernel", family)]["contribution_us"] == pytest.approx(raw, abs=band + 0.1 * abs(raw))
+    # Together they are the step's change; the replacement's row alone is a fraction of it.
+    assert g["sum_us"] == pytest.approx(span, abs=max(band, 0.1 * abs(span)))
+    assert abs(kinds[("4 kernels -> 4 kernels", "attn_res")]["contribution_us"]) < abs(span) / 2
+    assert "recorded in the unchanged kernels it releases" in diff_markdown(d)
+    assert "why" in render_text(d)

@@ -54,7 +54,7 @@ class Diff:
     orders: int
     families: pl.DataFrame          # family, <field>_old, <field>_new
     pre_attention: dict[str, dict[str, float | int] | None]
-    pdl_coupled: pl.DataFrame       # group, player, edit, kind, family, layers, contribution_us (coupling.py)
+    pdl_coupled: pl.DataFrame       # group, player, reason, edit, kind, family, layers, contribution_us (coupling.py)
 
     @property
     def verdict(self) -> str:
@@ -144,15 +144,16 @@ class Diff:
             "layers": pl.List(pl.Int64), "stderr_us": pl.Float64}, orient="row")
 
     def read_together(self) -> list[dict[str, Any]]:
-        """The groups of attribution rows whose recorded time traded across PDL edges
-        (coupling.py), largest |sum| first: each its `rows` (edit, kind, family, layers,
-        contribution_us, by |contribution|) and `sum_us`, what the trace supports for them
-        together."""
+        """The groups of attribution rows whose recorded time moved across PDL edges
+        (coupling.py): a replacement's released rows first, then traded rows, each kind by its
+        largest row: each its `rows` (edit, kind, family, layers, contribution_us, by
+        |contribution|), `sum_us`, what the trace supports for them together, and `reason`
+        ("released" or "traded", coupling.REASONS)."""
         out = []
         for (_,), rows in self.pdl_coupled.group_by("group", maintain_order=True):
             rows = rows.sort(pl.col("contribution_us").abs(), descending=True)
             out.append({"rows": rows.select("edit", "kind", "family", "layers", "contribution_us").to_dicts(),
-                        "sum_us": float(rows["contribution_us"].sum())})
+                        "sum_us": float(rows["contribution_us"].sum()), "reason": rows["reason"][0]})
         return out
 
     def edit_breakdown(self) -> dict[int, dict[str, Any]]:

@@ -21,6 +21,15 @@ with both (kda_conv_fused: the conv -1266 us between the qkvg GEMM +563 and kda_
 apart its rows mislead; rows within max(the floor, three standard errors) of zero never
 join, and each row joins one group at most. Closure over every neighbour would not do:
 under early triggers the whole step is one PDL chain, and it would join every row.
+
+A replacement's kernels record only their start of work when they trigger early: the rest
+of it lands in the kernels they release, whose code did not change. So when a replacement's
+kernels release, in both builds, the kernels where a duration row's recorded change lies
+(at least half of it, same sign as the row), that row is the replacement's own work and
+the trace cannot tell them apart: such rows join the replacement's group whatever their
+sum (attn_res_wide on the K3 path: the score -> combine pair in wider chunks, its own row
++10 us while the GEMMs it releases fell -74, -57 and -19 us; together -140, the step
+-143). These groups form first (`released`); the traded ones from the rows left.
 """
 
 from __future__ import annotations
@@ -31,8 +40,16 @@ import polars as pl
 from k3trace.diff.edits import EditScript
 
 #: What a read-together group means, for the reports.
-READ_TOGETHER = ("rows whose recorded time traded across a PDL edge (a dependent launched at its primary's trigger "
+READ_TOGETHER = ("rows whose recorded time moved across a PDL edge (a dependent launched at its primary's trigger "
                  "records the rest of the primary's work as its own): read each group as one change, its sum")
+#: Why a group's rows go together, per `reason`.
+REASONS = {
+    "traded": "one row fell and its PDL neighbour rose, each by more than their sum",
+    "released": "the rest of a replacement's work, recorded in the unchanged kernels it releases",
+}
+#: A duration row joins a replacement when at least this share of its recorded change lies
+#: on kernels the replacement releases in both builds.
+RELEASED_SHARE = 0.5
 #: A neighbour joins a group only when it is at least the group's largest row over this: a
 #: small row that happens to lower the sum is its own change, not the group's trade.
 JOIN_SHARE = 4.0
@@ -41,14 +58,50 @@ JOIN_SHARE = 4.0
 FLOOR_NS = 1_000.0
 
 
+def released_by_replacements(script: EditScript, c: np.ndarray, significant: np.ndarray) -> dict[int, list[int]]:
+    """replacement player -> the significant duration rows whose recorded change lies mostly
+    (RELEASED_SHARE, same sign as the row) on kernels that the replacement's kernels release
+    through a chained PDL edge in both builds."""
+    union, presence = script.union, script.owner_presence
+    both = union.present_old & union.present_new
+    delta = np.where(both, union.dur_new - union.dur_old, 0.0)
+
+    def released_by(pred: np.ndarray) -> np.ndarray:
+        return np.where(pred >= 0, presence[np.clip(pred, 0, None)], -1)
+
+    by_old, by_new = released_by(union.pdl_pred_old), released_by(union.pdl_pred_new)
+    replacement = np.where(both & (by_old >= 0) & (by_old == by_new), by_old, -1)
+    out: dict[int, list[int]] = {}
+    for row in np.unique(script.owner_duration[script.owner_duration >= 0]).tolist():
+        if not significant[row]:
+            continue
+        nodes = np.flatnonzero(script.owner_duration == row)
+        total = float(delta[nodes].sum())
+        for r in np.unique(replacement[nodes][replacement[nodes] >= 0]).tolist():
+            moved = float(delta[nodes][replacement[nodes] == r].sum())
+            if np.sign(moved) == np.sign(c[row]) != 0 and abs(moved) >= RELEASED_SHARE * abs(total):
+                out.setdefault(r, []).append(row)
+                break
+    return out
+
+
 def pdl_coupled(script: EditScript, contribution_ns: np.ndarray, stderr_ns: np.ndarray,
                 floor_ns: float = FLOOR_NS) -> pl.DataFrame:
-    """group, player: the members of each group of rows that traded, groups numbered from 0
-    by their largest row, largest first."""
+    """group, player, reason: the members of each group of rows read together, groups
+    numbered from 0: the replacements' released rows first, then the traded rows, each kind
+    by its largest row, largest first."""
     union = script.union
     c = np.asarray(contribution_ns, dtype=np.float64)
     owner = np.where(script.owner_duration >= 0, script.owner_duration, script.owner_presence)
     significant = np.abs(c) > np.maximum(3.0 * np.asarray(stderr_ns, dtype=np.float64), floor_ns)
+    rows: list[tuple[int, int, str]] = []
+    taken: set[int] = set()
+    released = released_by_replacements(script, c, significant)
+    for r in sorted(released, key=lambda p: (-max(abs(c[x]) for x in released[p]), p)):
+        group = [r, *released[r]]
+        taken.update(group)
+        index = len(rows) and rows[-1][0] + 1
+        rows += [(index, p, "released") for p in sorted(group)]
     # The player pairs the PDL edges of both builds link (one row per distinct pair: the
     # edges are per kernel, the players per kernel name and kind across layers).
     pairs = []
@@ -63,8 +116,6 @@ def pdl_coupled(script: EditScript, contribution_ns: np.ndarray, stderr_ns: np.n
     for x, y in linked.tolist():
         neighbours.setdefault(x, set()).add(y)
         neighbours.setdefault(y, set()).add(x)
-    rows: list[tuple[int, int]] = []
-    taken: set[int] = set()
     for seed in sorted(neighbours, key=lambda p: (-abs(c[p]), p)):
         if seed in taken:
             continue
@@ -83,8 +134,9 @@ def pdl_coupled(script: EditScript, contribution_ns: np.ndarray, stderr_ns: np.n
         if len(group) > 1 and abs(total) <= max(abs(c[p]) for p in group) / 2:
             taken.update(group)
             index = len(rows) and rows[-1][0] + 1
-            rows += [(index, p) for p in sorted(group)]
-    return pl.DataFrame(rows, schema={"group": pl.Int64, "player": pl.Int64}, orient="row")
+            rows += [(index, p, "traded") for p in sorted(group)]
+    return pl.DataFrame(rows, schema={"group": pl.Int64, "player": pl.Int64, "reason": pl.String}, orient="row")
 
 
-__all__ = ["FLOOR_NS", "JOIN_SHARE", "READ_TOGETHER", "pdl_coupled"]
+__all__ = ["FLOOR_NS", "JOIN_SHARE", "READ_TOGETHER", "REASONS", "RELEASED_SHARE", "pdl_coupled",
+           "released_by_replacements"]

@@ -19,7 +19,7 @@ from k3trace.analyses.pdl import edge_table
 from k3trace.analyses.per_layer import layer_family_table
 from k3trace.analyses.timeline import step_timeline
 from k3trace.diff import sides
-from k3trace.diff.coupling import READ_TOGETHER
+from k3trace.diff.coupling import READ_TOGETHER, REASONS
 from k3trace.errors import printable
 from k3trace.render import figures
 from k3trace.render.tables import SORT_SCRIPT, STYLE, Column, html_table, key_values
@@ -219,7 +219,7 @@ def _read_together(d) -> str:
         return ""
     items = "".join(
         "<li>" + " + ".join(f"{esc(r['edit'])} ({esc(r['kind'])}, {r['contribution_us']:+,.2f})" for r in g["rows"])
-        + f" = <b>{g['sum_us']:+,.2f} us/step</b></li>" for g in groups)
+        + f" = <b>{g['sum_us']:+,.2f} us/step</b> ({esc(REASONS[g['reason']])})</li>" for g in groups)
     return f"<p>Read together: {esc(READ_TOGETHER)}.</p><ul class='findings'>{items}</ul>"
 
 

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from k3trace.analyses import Analysis
-from k3trace.diff.coupling import READ_TOGETHER
+from k3trace.diff.coupling import READ_TOGETHER, REASONS
 from k3trace.errors import printable
 from k3trace.text import layer_text
 
@@ -171,11 +171,12 @@ def read_together_table(d) -> RenderableType | None:
     if not groups:
         return None
     t = Table(title=f"read together: {READ_TOGETHER}")
-    for col, just in (("rows", "left"), ("family", "left"), ("each us/step", "right"), ("together us/step", "right")):
+    for col, just in (("rows", "left"), ("why", "left"), ("family", "left"), ("each us/step", "right"),
+                      ("together us/step", "right")):
         t.add_column(col, justify=just, overflow="fold")
     for g in groups:
         rows = g["rows"]
-        t.add_row(" + ".join(f"{r['edit']} ({r['kind']})" for r in rows),
+        t.add_row(" + ".join(f"{r['edit']} ({r['kind']})" for r in rows), REASONS[g["reason"]],
                   ", ".join(dict.fromkeys(r["family"] for r in rows)),
                   " / ".join(_signed(r["contribution_us"]) for r in rows), _signed(g["sum_us"]))
     return t
@@ -232,7 +233,7 @@ def diff_markdown(d, top: int = 10) -> str:
     if groups:
         lines += ["", f"Read together: {READ_TOGETHER}."]
         lines += [f"- " + " + ".join(f"{cell(r['edit'])} ({r['contribution_us']:+.2f})" for r in g["rows"])
-                  + f" = **{g['sum_us']:+.2f} us/step**" for g in groups]
+                  + f" = **{g['sum_us']:+.2f} us/step** ({REASONS[g['reason']]})" for g in groups]
     return "\n".join(lines) + "\n"
 
 

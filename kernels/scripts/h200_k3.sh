@@ -224,7 +224,8 @@ C68=$C64+moe_grouped_tuned
 # The down GEMM at (64, 64, 4, 4): -0.08 ms at B = 1, -0.12 at B = 8, -4.1 at B = 64 (campaign41-49);
 # no gate|up config gained. Kept: the campaign build is C68. Then the attention residuals' pair in
 # 1024-column chunks (campaign50, and an inline list with 2048 and 8 warps): -0.15 ms. Its GPU tests and
-# recording did not fit this session's device time (campaign51):
+# recording did not fit that session's device time; campaign51 (the next session) passed them: kept,
+# -0.12 to -0.14 ms, k3trace diff -143 us. The campaign build is C69:
 C69=$C68+attn_res_wide
 
 case $phase in
@@ -718,6 +719,13 @@ campaign52)  # prepared in round 12, not run: the latency-bound kernels' warps i
     timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $list $C68 $list \
       --json $OUT/step52_${one%%:*}.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//'
   done ;;
+campaign53)  # round 13: attn_res_wide's standalone case; the pair's warps at 1024 columns and qkvg at 4 warps on
+  # C69 (2 rounds of 5); c68 and c69 recorded at 8 layers (the bundled pair; carry .nsys)
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases attn_res_wide --json $OUT/ops53_b1.json 2>&1 | grep "  "
+  one="$C69@attnres=1024,2,4 $C69@attnres=1024,4,2 $C69@attnres=1024,2,2 $C69@skcfg=7168x6144:64,256,4,4"
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C69 $one $C69 $one \
+    --json $OUT/step53.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//'
+  PROBE="c68=$C68 c69=$C69" bash $0 campaign_probe ;;
 campaign47)  # round 12: moe_grouped_tuned at B = 8 and 64 (measured while it applied at B = 1 only, with a
   # bench override since removed that extended it; now it applies at every batch), against C64 there
   timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C64 $C68 $C64 \
