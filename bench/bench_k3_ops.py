@@ -948,17 +948,24 @@ def attn_res_wide(B: int, calls: int) -> dict[str, float]:
     WIDE_BLOCK_H. Call i reads the bank rows of the step's aggregation i (the full-depth
     schedule, 1..8 rows), so a figure is the mean over the step's 186 aggregations (one call
     at a time: each row count alone, weighted by its count). Each form twice in turn. The
-    bank (115 kB) stays in L2, as in the step, where the previous layer wrote it."""
+    bank (115 kB) stays in L2, as in the step, where the previous layer wrote it. Then the
+    pair followed by the GEMM it releases in the step (the MoE front's rest), back to back."""
     from kernels.k3.config import K3Config
     from kernels.k3.ops import attn_res as A
     from kernels.k3.ops.common import early_trigger
+    from kernels.k3.ops.gemv import skinny_mm
 
     if B != 1:
         return {}
     cfg = K3Config()
     rows = [cfg.bank_rows(l, site) for l in cfg.layers for site in ("attn", "mlp")]
     bank, query, gamma, _, x = _attn_res_inputs(1)
-    addend = torch.randn(1, bank.shape[-1], device="cuda", dtype=BF, generator=torch.Generator(device="cuda").manual_seed(5))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    addend = torch.randn(1, bank.shape[-1], device="cuda", dtype=BF, generator=g)
+    H = bank.shape[-1]
+    fronts = [(torch.randn(H, 6016, device="cuda", dtype=BF, generator=g) * H ** -0.5)[:, 896:]
+              for _ in range(_copies(H * 6016 * 2))]
+    front_out = torch.empty(1, 5120, device="cuda", dtype=BF)
     res = {}
     with early_trigger():
         for rnd in (1, 2):
@@ -971,9 +978,15 @@ def attn_res_wide(B: int, calls: int) -> dict[str, float]:
                     A.attn_res_combine(bank, n, s, gamma, x, one_shot=True, block_h=bh)
 
                 res[f"{tag}, back to back, {rnd}"] = per_call_us(pair, len(rows))
+                # As in the step: the GEMM the pair releases (the MoE front's rest by TMA, its
+                # weights rotated past L2) launches at the combine's early trigger.
+                res[f"{tag} -> the MoE front's rest, back to back, {rnd}"] = per_call_us(
+                    lambda i, p=pair: (p(i), skinny_mm(x, fronts[i % len(fronts)], front_out, tma=True)), len(rows))
                 # One call at a time: each row count alone, weighted by its share of the step.
                 alone = {n: single_call_us(lambda i, n=n: pair(rows.index(n)), 1) for n in set(rows)}
                 res[f"{tag}, one call, {rnd}"] = sum(alone[n] for n in rows) / len(rows)
+    del fronts  # their weights
+    torch.cuda.empty_cache()
     return res
 
 
