@@ -727,13 +727,15 @@ campaign53)  # round 13: attn_res_wide's standalone case; the pair's warps at 10
     --json $OUT/step53.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//'
   PROBE="c68=$C68 c69=$C69" bash $0 campaign_probe ;;
 campaign54)  # round 13: attn_res_wide's case with the GEMM it releases; the wide chunk at B = 8 and 64 (@attnres
-  # sets the default chunk there; attn_res_wide applies at B = 1 only), against C69
+  # sets the default chunk there; attn_res_wide applies at B = 1 only), against C69; c57, c64 at 8 layers
   timeout 200 python3 bench/bench_k3_ops.py --batch 1 --cases attn_res_wide --json $OUT/ops54_b1.json 2>&1 | grep "  "
   w="$C69@attnres=1024,4,4"
   timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C69 $w $C69 $w $C69 $w \
     --json $OUT/step54_b8.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//'
   timeout 200 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C69 $w $C69 $w \
-    --json $OUT/step54_b64.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//' ;;
+    --json $OUT/step54_b64.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//'
+  # mla_q_skinny at 8 layers: the combine before the skinny q_a, an edge turned programmatic (carry .nsys)
+  PROBE="c57=$C57 c64=$C64" bash $0 campaign_probe ;;
 campaign47)  # round 12: moe_grouped_tuned at B = 8 and 64 (measured while it applied at B = 1 only, with a
   # bench override since removed that extended it; now it applies at every batch), against C64 there
   timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C64 $C68 $C64 \
