@@ -265,3 +265,32 @@ pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us"
 chain = r12["standalone_us"]["campaign45 (moe_grouped_tuned case)"]
 pl.DataFrame([dict(zip(("form", "mode", "round"), k.rsplit(", ", 2)), us=v)  # the form's blocks hold commas
               for k, v in chain.items()]).pivot(on="mode", index=["form", "round"], values="us")
+
+
+# %% [markdown]
+# ## Round thirteen: attn_res_wide kept; the latency-bound kernels' warps
+# c69 = c68 + attn_res_wide: the attention residuals' score -> combine pair in 1024-column chunks
+# (B = 1). Each list's builds against its c68 (or, in the list without c68, its c69); `@launch=`
+# and `@attnres=` are launch parameters tried in the step and not kept. k3trace's diff of c68 and
+# c69 reads the pair with the GEMMs it releases, whose rows hold the pair's gain (`released`).
+
+# %%
+r13 = full["round13"]
+runs13 = per_build(unprofiled_runs(r13))
+base13 = (runs13.filter(pl.col("build").is_in(["c68", "c68+attn_res_wide"]))
+          .sort("build").group_by("list", "batch").agg(pl.col("step_ms").first().alias("base_ms"),
+                                                       pl.col("build").first().alias("base")))
+runs13.join(base13, on=["list", "batch"], how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("base_ms"))
+
+# %%
+pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
+               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
+               "largest_elsewhere": "; ".join(f"{k} ({f}) {v:+.0f}" for k, f, v in d["elsewhere_top"]),
+               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"]),
+               "standalone_x186_us": d["standalone"][2] * 1e3}
+              for name, d in r13["diff"].items()])
+
+# %%
+pair = r13["standalone_us"]["campaign53 (attn_res_wide case)"]
+pl.DataFrame([dict(zip(("form", "mode", "round"), k.rsplit(", ", 2)), us=v)
+              for k, v in pair.items()]).pivot(on="mode", index=["form", "round"], values="us")
