@@ -154,14 +154,36 @@ def per_build(runs: pl.DataFrame) -> pl.DataFrame:
             .agg(pl.col("step_ms").median(), pl.col("ratio").median(), pl.len().alias("runs")))
 
 
+def against_base(builds: pl.DataFrame, bases: list[str]) -> pl.DataFrame:
+    """Each list's builds (one row per build) against the list's base: the first of `bases`,
+    in name order, that the list timed."""
+    base = (builds.filter(pl.col("build").is_in(bases))
+            .sort("build").group_by("list", "batch").agg(pl.col("step_ms").first().alias("base_ms"),
+                                                         pl.col("build").first().alias("base")))
+    return builds.join(base, on=["list", "batch"], how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("base_ms"))
+
+
+def diff_rows(rnd: dict) -> pl.DataFrame:
+    """A round's k3trace diff rows (bench/campaign_table.py): the ITL delta, the change's own
+    edits, the largest rows elsewhere, the rows read together."""
+    return pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
+                          "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
+                          "largest_elsewhere": "; ".join(f"{k} ({f}) {v:+.0f}" for k, f, v in d["elsewhere_top"]),
+                          "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
+                         for name, d in rnd["diff"].items()])
+
+
+def forms_in_turn(case: dict) -> pl.DataFrame:
+    """A standalone case timed as "<form>, <mode>, <round>": back to back and one call side by side."""
+    return pl.DataFrame([dict(zip(("form", "mode", "round"), k.rsplit(", ", 2)), us=v)  # a form's blocks hold commas
+                         for k, v in case.items()]).pivot(on="mode", index=["form", "round"], values="us")
+
+
 r8 = full["round8"]
 per_build(unprofiled_runs(r8))
 
 # %%
-pl.DataFrame([{"change": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
-               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
-               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
-              for name, d in r8["diff"].items()])
+diff_rows(r8)
 
 # %% [markdown]
 # ## Round nine: the fused tail by MMA rows, the front's split, the Gluon o_proj
@@ -178,10 +200,7 @@ base9 = runs9.filter(pl.col("build") == "c44").group_by("list").agg(pl.col("step
 per_build(runs9).join(base9, on="list", how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("c44_ms"))
 
 # %%
-pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
-               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
-               "largest_elsewhere": "; ".join(f"{k} {v:+.0f}" for k, _, v in d["elsewhere_top"])}
-              for name, d in r9["diff"].items()])
+diff_rows(r9)
 
 # %% [markdown]
 # ## Round ten: the warp-specialized Gluon GEMM, the MoE tail's two hops
@@ -191,18 +210,10 @@ pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us"
 
 # %%
 r10 = full["round10"]
-runs10 = unprofiled_runs(r10)
-base10 = (runs10.filter(pl.col("build").is_in(["c49", "c49+moe_down_atomic"]))
-          .group_by("list", "batch", "build").agg(pl.col("step_ms").median())
-          .sort("build").group_by("list", "batch").agg(pl.col("step_ms").first().alias("base_ms"),
-                                                       pl.col("build").first().alias("base")))
-per_build(runs10).join(base10, on=["list", "batch"], how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("base_ms"))
+against_base(per_build(unprofiled_runs(r10)), ["c49", "c49+moe_down_atomic"])
 
 # %%
-pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
-               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
-               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
-              for name, d in r10["diff"].items()])
+diff_rows(r10)
 
 # %%
 hops = r10["standalone_us"]["campaign32 (moe_hops case)"]
@@ -221,18 +232,10 @@ r11 = full["round11"]
 runs11 = unprofiled_runs(r11)
 fastest11 = runs11.group_by("list", "batch", "build", maintain_order=True).agg(
     pl.col("step_ms").min(), pl.col("floor_ms").first(), pl.len().alias("runs"))
-base11 = (fastest11.filter(pl.col("build").is_in(["c51", "c51+mla_head_bmm"]))
-          .sort("build").group_by("list", "batch").agg(pl.col("step_ms").first().alias("base_ms"),
-                                                       pl.col("build").first().alias("base")))
-fastest11.join(base11, on=["list", "batch"], how="left").with_columns(
-    delta_ms=pl.col("step_ms") - pl.col("base_ms"), ratio=pl.col("step_ms") / pl.col("floor_ms"))
+against_base(fastest11, ["c51", "c51+mla_head_bmm"]).with_columns(ratio=pl.col("step_ms") / pl.col("floor_ms"))
 
 # %%
-pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
-               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
-               "largest_elsewhere": "; ".join(f"{k} {v:+.0f}" for k, _, v in d["elsewhere_top"]),
-               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
-              for name, d in r11["diff"].items()])
+diff_rows(r11)
 
 # %%
 mla = r11["standalone_us"]["campaign34 (mla_round case)"] | r11["standalone_us"]["campaign39_final (mla_q_skinny case)"]
@@ -248,23 +251,13 @@ pl.DataFrame([{"chain": k.removesuffix(", one call"), "mode": "one call" if k.en
 
 # %%
 r12 = full["round12"]
-runs12 = per_build(unprofiled_runs(r12))
-base12 = (runs12.filter(pl.col("build").is_in(["c64", "c64+moe_grouped_tuned"]))
-          .sort("build").group_by("list", "batch").agg(pl.col("step_ms").first().alias("base_ms"),
-                                                       pl.col("build").first().alias("base")))
-runs12.join(base12, on=["list", "batch"], how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("base_ms"))
+against_base(per_build(unprofiled_runs(r12)), ["c64", "c64+moe_grouped_tuned"])
 
 # %%
-pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
-               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
-               "largest_elsewhere": "; ".join(f"{k} {v:+.0f}" for k, _, v in d["elsewhere_top"]),
-               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"])}
-              for name, d in r12["diff"].items()])
+diff_rows(r12)
 
 # %%
-chain = r12["standalone_us"]["campaign45 (moe_grouped_tuned case)"]
-pl.DataFrame([dict(zip(("form", "mode", "round"), k.rsplit(", ", 2)), us=v)  # the form's blocks hold commas
-              for k, v in chain.items()]).pivot(on="mode", index=["form", "round"], values="us")
+forms_in_turn(r12["standalone_us"]["campaign45 (moe_grouped_tuned case)"])
 
 
 # %% [markdown]
@@ -276,21 +269,10 @@ pl.DataFrame([dict(zip(("form", "mode", "round"), k.rsplit(", ", 2)), us=v)  # t
 
 # %%
 r13 = full["round13"]
-runs13 = per_build(unprofiled_runs(r13))
-base13 = (runs13.filter(pl.col("build").is_in(["c68", "c68+attn_res_wide"]))
-          .sort("build").group_by("list", "batch").agg(pl.col("step_ms").first().alias("base_ms"),
-                                                       pl.col("build").first().alias("base")))
-runs13.join(base13, on=["list", "batch"], how="left").with_columns(delta_ms=pl.col("step_ms") - pl.col("base_ms"))
+against_base(per_build(unprofiled_runs(r13)), ["c68", "c68+attn_res_wide"])
 
 # %%
-pl.DataFrame([{"build": name, "itl_delta_us": d["itl_delta_us"], "noise_band_us": d["noise_band_us"],
-               "own_edits_us": d["own_edits_us"], "elsewhere_us": d["elsewhere_us"],
-               "largest_elsewhere": "; ".join(f"{k} ({f}) {v:+.0f}" for k, f, v in d["elsewhere_top"]),
-               "read_together": "; ".join(" + ".join(e) + f" = {s:+.0f}" for e, s in d["read_together"]),
-               "standalone_x186_us": d["standalone"][2] * 1e3}
-              for name, d in r13["diff"].items()])
+diff_rows(r13).with_columns(standalone_x186_us=pl.lit(r13["diff"]["c69 (attn_res_wide on c68)"]["standalone"][2] * 1e3))
 
 # %%
-pair = r13["standalone_us"]["campaign53 (attn_res_wide case)"]
-pl.DataFrame([dict(zip(("form", "mode", "round"), k.rsplit(", ", 2)), us=v)
-              for k, v in pair.items()]).pivot(on="mode", index=["form", "round"], values="us")
+forms_in_turn(r13["standalone_us"]["campaign53 (attn_res_wide case)"])
