@@ -9,7 +9,8 @@ a, b, ... (repeats: `k3trace diff` takes its noise band from them); change i tur
 i-1 into build i. For each change:
 - ITL delta and noise band: `k3trace diff --old c<i-1>_* --new c<i>_* --json`;
 - "the change's edits": the sum of the Shapley contributions of the structural edits
-  (replacement, dependency) -- what the change did to the kernels and their order;
+  (replacement, dependency) -- what the change did to the kernels and their order -- and of
+  the rows k3trace reads with a replacement as the rest of its work (`released` groups);
 - "elsewhere": the duration and gap edits of kernels it did not replace (slack used, a
   kernel slowed by the bandwidth a new neighbour takes), with the largest named;
 - "read together": k3trace's groups of rows whose recorded time traded across a PDL edge,
@@ -154,9 +155,17 @@ def standalone(ops: dict | None, change: str) -> tuple[float, float, float] | No
     return old, new, (new - old) * layers / 1e3
 
 
+def _key(a: dict) -> tuple:
+    return a["edit"], a["kind"], a["family"]
+
+
 def row(change: str, d: dict, ops: dict | None) -> dict:
+    """The change's edits: the structural rows and OWN_KERNELS' durations, and the rows
+    k3trace reads with a replacement as its released work (the unchanged kernels after it
+    that record the rest of it: `read_together` groups of reason `released`)."""
+    released = {_key(r) for g in d.get("read_together", []) if g.get("reason") == "released" for r in g["rows"]}
     own = [a for a in d["attribution"] if any(k in a["kind"] for k in STRUCTURAL)
-           or (a["kind"] == "duration" and a["edit"] in OWN_KERNELS.get(change, ()))]
+           or (a["kind"] == "duration" and a["edit"] in OWN_KERNELS.get(change, ())) or _key(a) in released]
     other = [a for a in d["attribution"] if a not in own]
     other.sort(key=lambda a: -abs(a["contribution_us"]))
     return {
