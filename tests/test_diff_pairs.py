@@ -321,6 +321,25 @@ def followers(r, name, before, family):
     return statistics.mean(per_step) / 1e3, pdl, n
 
 
+def leaders(r, name, family, after):
+    """The `name` kernels of `family` that run right before a kernel named `after` on their
+    stream: (mean over stable steps of their summed time in us, how many of those `after`
+    kernels start at most the PDL gap after their end (a PDL edge), how many there are)."""
+    gap = reference.settings()["pdl_max_gap_ns"]
+    per_step, pdl, n = [], 0, 0
+    for s in r.stable:
+        last, time = {}, 0
+        for k in sorted(s.kernels, key=lambda k: k.start):
+            prev = last.get(k.stream)
+            if k.name == after and prev is not None and prev.name == name and prev.family == family:
+                time += prev.dur
+                n += 1
+                pdl += k.start - prev.end <= gap
+            last[k.stream] = k
+        per_step.append(time)
+    return statistics.mean(per_step) / 1e3, pdl, n
+
+
 def test_early_trigger_rows_that_traded_are_read_together(analysis, ref):
     # pdl_early_trigger (c6 -> c7): every Triton kernel triggers its dependents right after
     # its wait. A dependent then starts at its primary's trigger, and the rows record the rest
@@ -583,5 +602,37 @@ def test_a_replaced_pairs_rest_in_the_gemms_it_releases_is_read_with_it(analysis
     # Together they are the step's change; the replacement's row alone is a fraction of it.
     assert g["sum_us"] == pytest.approx(span, abs=max(band, 0.1 * abs(span)))
     assert abs(kinds[("4 kernels -> 4 kernels", "attn_res")]["contribution_us"]) < abs(span) / 2
-    assert "recorded in the unchanged kernels it releases" in diff_markdown(d)
+    assert "those it releases hold the rest of its work" in diff_markdown(d)
     assert "why" in render_text(d)
+
+
+def test_the_kernel_that_releases_a_replacement_is_read_with_it(analysis, ref):
+    # triton_linear (c2 -> c3): the MoE up GEMM, cuBLAS's split-K pair before, one Triton
+    # skinny GEMM after, which the latent RMSNorm before it releases by PDL. A primary reports
+    # its end where its dependent reports its start (METRICS.md, "PDL"), so the norm's row
+    # moves with the GEMM's launch although its code did not change. The truth, from the raw
+    # rows: the norms before the up GEMM fell, the other norms (before the MLA q_b, still
+    # cuBLAS) did not; the norm and the GEMM together moved by their raw rows' change.
+    old, new = "k3_bs1_c2", "k3_bs1_c3"
+    r_old, r_new = ref(old), ref(new)
+    up_old, up_new, reduce = "nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_NNT", "skinny_mm_kernel", "splitKreduce_kernel"
+    norm_old, pdl_old, n_old = leaders(r_old, "rmsnorm_kernel", "moe", up_old)
+    norm_new, pdl_new, n_new = leaders(r_new, "rmsnorm_kernel", "moe", up_new)
+    assert n_old and pdl_old == 0 and n_new and pdl_new == n_new  # the edge turned programmatic
+    norm = norm_new - norm_old
+    q_b = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_NNT"
+    elsewhere = leaders(r_new, "rmsnorm_kernel", "mla", q_b)[0] - leaders(r_old, "rmsnorm_kernel", "mla", q_b)[0]
+    assert norm < -1 and abs(elsewhere) < abs(norm) / 5, (norm, elsewhere)
+    gemm = (followers(r_new, up_new, "rmsnorm_kernel", "moe")[0]
+            - followers(r_old, up_old, "rmsnorm_kernel", "moe")[0] - followers(r_old, reduce, up_old, "moe")[0])
+    d = diff([analysis(old)], [analysis(new)])
+    check_replay(d)
+    band = d.span_noise_band_us
+    with_norm = [g for g in d.read_together() if ("rmsnorm_kernel", "moe") in {(r["edit"], r["family"]) for r in g["rows"]}]
+    assert len(with_norm) == 1 and with_norm[0]["reason"] == "released"
+    g = with_norm[0]
+    by_kind = {r["kind"]: r for r in g["rows"]}
+    assert set(by_kind) == {"replacement", "duration"} and len(g["rows"]) == 2
+    assert by_kind["replacement"]["edit"] == f"{up_old} + {reduce} -> {up_new}"
+    assert by_kind["duration"]["contribution_us"] == pytest.approx(norm, abs=band)
+    assert g["sum_us"] == pytest.approx(gemm + norm, abs=max(band, 0.1 * abs(gemm + norm)))

@@ -29,7 +29,12 @@ kernels release, in both builds, the kernels where a duration row's recorded cha
 the trace cannot tell them apart: such rows join the replacement's group whatever their
 sum (attn_res_wide on the K3 path: the score -> combine pair in wider chunks, its own row
 +10 us while the GEMMs it releases fell -74, -57 and -19 us; together -140, the step
--143). These groups form first (`released`); the traded ones from the rows left.
+-143). The same holds on the other side: the kernel that releases a replacement's kernel,
+in the build where that edge is chained, reports its end where the replacement reports its
+start, so its row moves with the replacement's launch (triton_linear: the latent RMSNorm
+before the MoE up GEMM -1.7 us at 8 layers once the GEMM followed it by PDL; mla_q_skinny
+at full depth: the pre-attention combine before q_a -49 us). Its rows join too. These
+groups form first (`released`); the traded ones from the rows left.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ READ_TOGETHER = ("rows whose recorded time moved across a PDL edge (a dependent 
 #: Why a group's rows go together, per `reason`.
 REASONS = {
     "traded": "one row fell and its PDL neighbour rose, each by more than their sum",
-    "released": "the rest of a replacement's work, recorded in the unchanged kernels it releases",
+    "released": ("a replacement's work recorded in the unchanged kernels beside it: those it releases hold the rest "
+                 "of its work, the one that releases it ends where it starts"),
 }
 #: A duration row joins a replacement when at least this share of its recorded change lies
 #: on kernels the replacement releases in both builds.
@@ -60,8 +66,9 @@ FLOOR_NS = 1_000.0
 
 def released_by_replacements(script: EditScript, c: np.ndarray, significant: np.ndarray) -> dict[int, list[int]]:
     """replacement player -> the significant duration rows whose recorded change lies mostly
-    (RELEASED_SHARE, same sign as the row) on kernels that the replacement's kernels release
-    through a chained PDL edge in both builds."""
+    (RELEASED_SHARE, same sign as the row) on the unchanged kernels beside the replacement's
+    kernels on their PDL chains: those they release through a chained PDL edge in both
+    builds, and those that release one of them in either build."""
     union, presence = script.union, script.owner_presence
     both = union.present_old & union.present_new
     delta = np.where(both, union.dur_new - union.dur_old, 0.0)
@@ -69,8 +76,23 @@ def released_by_replacements(script: EditScript, c: np.ndarray, significant: np.
     def released_by(pred: np.ndarray) -> np.ndarray:
         return np.where(pred >= 0, presence[np.clip(pred, 0, None)], -1)
 
+    def releases(pred: np.ndarray) -> np.ndarray:
+        # A chained edge is the stream successor's, so a primary releases one kernel at most.
+        dependents = np.flatnonzero(pred >= 0)
+        out = np.full(union.size, -1, dtype=np.int64)
+        out[pred[dependents]] = presence[dependents]
+        return out
+
     by_old, by_new = released_by(union.pdl_pred_old), released_by(union.pdl_pred_new)
-    replacement = np.where(both & (by_old >= 0) & (by_old == by_new), by_old, -1)
+    after = np.where(both & (by_old >= 0) & (by_old == by_new), by_old, -1)
+    # A primary reports its end where its dependent reports its start (METRICS.md, "PDL"), so
+    # the row of the kernel that releases a replacement's kernel holds the replacement's start:
+    # in the build where the edge is chained, whether it is in one build or both (mla_q_skinny:
+    # the combine before q_a -49 us, its edge to the cuBLAS q_a plain in 10 of 24 layers).
+    of_old, of_new = releases(union.pdl_pred_old), releases(union.pdl_pred_new)
+    before = np.where(of_old >= 0, of_old, of_new)
+    before = np.where(both & (before >= 0) & ((of_old < 0) | (of_new < 0) | (of_old == of_new)), before, -1)
+    replacement = np.where(after >= 0, after, before)
     out: dict[int, list[int]] = {}
     for row in np.unique(script.owner_duration[script.owner_duration >= 0]).tolist():
         if not significant[row]:
