@@ -46,26 +46,11 @@ def bytes_read_per_step(model) -> dict[str, int]:
     """What one decode step must read from HBM, by part (from the config and the routing the
     step just did)."""
     cfg = model.cfg
-    B, H = cfg.batch, cfg.hidden
-    parts = {"attention weights": 0, "dense/moe weights": 0, "routed experts": 0, "mla cache": 0,
-             "kda state": 0, "attn-res banks": 0}
-    expert = (768 * 3584 + 3584 * 384) * BF16
+    parts: dict[str, int] = {}
     for layer in cfg.layers:
-        fam = cfg.attention_family(layer)
-        if fam == "kda":
-            parts["attention weights"] += (H * cfg.qkvg_width + H * cfg.fab_width + 128 * cfg.kda_width
-                                           + cfg.kda_width * H) * BF16
-            parts["kda state"] += B * 12 * 128 * 128 * 4
-        else:
-            parts["attention weights"] += (H * 1536 + H * cfg.kv_a_width + 1536 * cfg.q_b_width + 2 * 12 * 128 * 512
-                                           + H * cfg.mla_out_width + cfg.mla_out_width * H) * BF16
-            parts["mla cache"] += B * cfg.seq_len * cfg.kv_a_width * BF16
-        if cfg.mlp_family(layer) == "dense":
-            parts["dense/moe weights"] += (H * 2 * 2304 + 2304 * H) * BF16
-        else:
-            parts["dense/moe weights"] += (H * cfg.front_width + 3584 * H + 768 * H) * BF16
-            parts["routed experts"] += int(torch.unique(model.routing(layer)).numel()) * expert
-        parts["attn-res banks"] += 2 * cfg.bank_rows_max * B * H * BF16
+        routed = int(torch.unique(model.routing(layer)).numel()) if cfg.mlp_family(layer) == "moe" else 0
+        for part, n in cfg.read_bytes(layer, routed).items():
+            parts[part] = parts.get(part, 0) + n
     return parts
 
 

@@ -251,6 +251,33 @@ class K3Config:
             "conv_state": n_kda * B * (self.conv_width - 1) * self.conv_channels * bf,
         }
 
+    def read_bytes(self, layer: int, routed_experts: int | None = None) -> dict[str, int]:
+        """What one layer's decode step must read from HBM, by part: the HBM floor's terms
+        (bench/bench_k3_step.py sums them over the layers). `routed_experts`: the distinct
+        experts the layer's routing activated (default min(B x top_k, experts), exact at B = 1)."""
+        H, B, bf, f32 = self.hidden, self.batch, 2, 4
+        parts = {"attention weights": 0, "dense/moe weights": 0, "routed experts": 0, "mla cache": 0,
+                 "kda state": 0, "attn-res banks": 0}
+        if self.attention_family(layer) == KDA:
+            parts["attention weights"] = (H * self.qkvg_width + H * self.fab_width + self.kda_f_rank * self.kda_width
+                                          + self.kda_width * H) * bf
+            parts["kda state"] = B * self.kda_heads * self.kda_head_dim ** 2 * f32
+        else:
+            parts["attention weights"] = (H * self.q_lora + H * self.kv_a_width + self.q_lora * self.q_b_width
+                                          + 2 * self.mla_heads * self.qk_nope * self.kv_lora
+                                          + H * self.mla_out_width + self.mla_out_width * H) * bf
+            parts["mla cache"] = B * self.seq_len * self.kv_a_width * bf
+        if self.mlp_family(layer) == DENSE:
+            parts["dense/moe weights"] = (H * 2 * self.dense_inter + self.dense_inter * H) * bf
+        else:
+            parts["dense/moe weights"] = (H * self.front_width + self.latent * H + self.shared_inter * H) * bf
+            experts = min(B * self.top_k, self.experts) if routed_experts is None else routed_experts
+            parts["routed experts"] = experts * (2 * self.expert_inter * self.latent
+                                                 + self.latent * self.expert_inter) * bf
+        # Both aggregations (before attention and before the MLP), each at most every row.
+        parts["attn-res banks"] = 2 * self.bank_rows_max * B * H * bf
+        return parts
+
     def with_(self, **changes) -> K3Config:
         return replace(self, **changes)
 
