@@ -276,3 +276,21 @@ diff_rows(r13).with_columns(standalone_x186_us=pl.lit(r13["diff"]["c69 (attn_res
 
 # %%
 forms_in_turn(r13["standalone_us"]["campaign53 (attn_res_wide case)"])
+
+
+# %% [markdown]
+# ## Round fourteen: where the step sits against its floor, by segment
+# No device this round. `bench/floor_segments.py` on full-depth recordings already made: each kind
+# of segment between the layers' first attention and MLP kernels, its median against the bytes it
+# must read at the copy bandwidth. The MoE segments run at 1.23-1.25x their floor; the MLA segment
+# at 2.3x and the KDA one at 1.4x keep the step at 1.35x. The same script places a change:
+# attn_res_wide's gain sits mostly in the MoE segments, mla_q_skinny's in the MoE segment before
+# each MLA layer (the hop before q_a).
+
+# %%
+r14 = full["round14"]
+pl.DataFrame(r14["floor_segments"]["c69"]).with_columns(ratio=pl.col("median_us") / pl.col("floor_us"))
+
+# %%
+pl.concat([pl.DataFrame(rows).with_columns(change=pl.lit(name)) for name, rows in r14["floor_segments"].items()
+           if "->" in name]).select("change", "kind", "per_step", "old_us", "new_us", "delta_us", "delta_us_per_step")
