@@ -376,65 +376,6 @@ def mla_proj(B: int, calls: int) -> dict[str, float]:
             "fmha + wide combine || g_proj (S2)": per_call_us(beside_gate, calls)}
 
 
-def fmha_prefetch(B: int, calls: int) -> dict[str, float]:
-    """fmha_prefetch at the K3 shapes: the FMHA + wide combine of c69 (65 splits of four
-    32-token tiles at B = 1, the rows of each tile loaded after the tile before is done)
-    against the same kernel loading each tile's rows one tile ahead, and the plain loop at the
-    prefetching kernel's 8 warps (a control). Each alone and beside g_proj on S2 as in the
-    step, back to back and one call at a time, under early triggers as in c69; each form twice
-    in turn (one call at a time the forms moved by 7 us between timings in round thirteen).
-    Cache copies rotate past four times the L2 (`_copies`)."""
-    from kernels.k3.config import K3Config
-    from kernels.k3.ops.common import early_trigger
-    from kernels.k3.ops.mla import mla_decode_combine, mla_decode_fmha
-    from kernels.streams import fork, join
-
-    g = torch.Generator(device="cuda").manual_seed(13)
-    cfg = K3Config(batch=B)
-    NH, DL, ROW, S = cfg.mla_heads, cfg.kv_lora, cfg.kv_a_width, cfg.fmha_splits
-    pages = B * cfg.pages_per_request
-    copies = max(4, _copies(pages * cfg.page_size * ROW * 2))
-    caches = [torch.randn(pages, cfg.page_size, ROW, device="cuda", dtype=BF, generator=g) for _ in range(copies)]
-    table = torch.randperm(pages, device="cuda", generator=g).to(I32).view(B, -1).contiguous()
-    seq = torch.full((B,), cfg.seq_len, device="cuda", dtype=I32)
-    q = torch.randn(B, NH, ROW, device="cuda", dtype=BF, generator=g)
-    partial = torch.empty(B, NH, S, DL, device="cuda", dtype=F32)
-    lse = torch.empty(B, NH, S, device="cuda", dtype=F32)
-    lat = torch.empty(NH, B, DL, device="cuda", dtype=BF).transpose(0, 1)
-    x = torch.randn(B, cfg.hidden, device="cuda", dtype=BF, generator=g)
-    g_w = [torch.randn(cfg.hidden, cfg.mla_out_width, device="cuda", dtype=BF, generator=g) * cfg.hidden ** -0.5
-           for _ in range(4)]
-    g_out = torch.empty(B, cfg.mla_out_width, device="cuda", dtype=BF)
-    s2 = torch.cuda.Stream()
-    res: dict[str, float] = {}
-    with early_trigger():
-        for rnd in (1, 2):
-            # The plain loop at the prefetching one's 8 warps too: what the warps alone do.
-            for tag, prefetch, warps in (("c69: fmha + wide combine", False, None),
-                                         ("c69 at 8 warps (control)", False, 8),
-                                         ("fmha_prefetch: rows one tile ahead", True, None)):
-                def attention(i, prefetch=prefetch, warps=warps):
-                    mla_decode_fmha(q, caches[i % copies], table, seq, partial, lse, cfg.sm_scale, num_splits=S,
-                                    page_size=cfg.page_size, prefetch=prefetch, num_warps=warps)
-                    mla_decode_combine(partial, lse, seq, lat, wide=True)
-
-                def beside_gate(i, attention=attention):
-                    main = torch.cuda.current_stream()
-                    fork(main, s2, enabled=True)
-                    with torch.cuda.stream(s2):
-                        torch.mm(x, g_w[i % 4], out=g_out)
-                    attention(i)
-                    join(main, s2, enabled=True)
-
-                res[f"{tag}, back to back, {rnd}"] = per_call_us(attention, calls)
-                res[f"{tag} || g_proj (S2), back to back, {rnd}"] = per_call_us(beside_gate, calls)
-                res[f"{tag}, one call, {rnd}"] = single_call_us(attention, copies)
-                res[f"{tag} || g_proj (S2), one call, {rnd}"] = single_call_us(beside_gate, copies)
-    del caches
-    torch.cuda.empty_cache()
-    return res
-
-
 def mla_round(B: int, calls: int) -> dict[str, float]:
     """The eleventh round's MLA changes at the K3 shapes, back to back and one call at a time
     (rotating 4 caches / weight copies past the L2): the FMHA + wide combine at 65 splits of
@@ -1311,8 +1252,7 @@ def main() -> int:
             "mla_round": lambda: mla_round(B, args.calls),
             "mla_q_skinny": lambda: mla_q_chain(B, args.calls),
             "moe_grouped_tuned": lambda: grouped_tuned(B, args.calls),
-            "attn_res_wide": lambda: attn_res_wide(B, args.calls),
-            "fmha_prefetch": lambda: fmha_prefetch(B, args.calls)}
+            "attn_res_wide": lambda: attn_res_wide(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

@@ -53,9 +53,6 @@ STANDALONE = {
     # The pair's mean over the step's aggregations (1..8 bank rows each), back to back.
     "attn_res_wide": (186, "attn_res_wide", "c68: pair at the default chunk, back to back",
                       "attn_res_wide: pair at 1024 columns, back to back"),
-    # Round fourteen: the FMHA + wide combine beside g_proj, as in the step, back to back.
-    "fmha_prefetch": (24, "fmha_prefetch", "c69: fmha + wide combine || g_proj (S2), back to back",
-                      "fmha_prefetch: rows one tile ahead || g_proj (S2), back to back"),
 }
 #: Changes whose standalone figure sums several chains of one case: (layers, case, old keys, new keys).
 STANDALONE_SUMS = {
@@ -79,7 +76,6 @@ OWN_KERNELS = {
     "situ_in_gate_up": ("moe_grouped_gemm_kernel",),
     "moe_grouped_tuned": ("moe_grouped_gemm_kernel",),  # the same kernel at other blocks
     "attn_res_wide": ("attn_res_score_kernel", "attn_res_combine_kernel"),  # other chunks
-    "fmha_prefetch": ("mla_decode_fmha_kernel",),  # the same kernel, its loads one tile ahead
 }
 #: triton_linear: the sweep's shapes it takes (plan.SKINNY_SUBOPS; the front is its rest
 #: once router_fork has split off the router columns).

@@ -729,8 +729,7 @@ class K3Decode:
             self._triton(P.FMHA, mla_decode_fmha, s.q_full, w.cache, self.block_table,
                          self.seq_lens, s.fmha_partial, s.fmha_lse, cfg.sm_scale,
                          num_splits=cfg.fmha_splits, page_size=cfg.page_size, block_n=tile,
-                         first_early=v.fmha_one_tile, early_kv=P.fmha_early_kv(cfg, v),
-                         prefetch=P.fmha_prefetches(cfg, v))
+                         first_early=v.fmha_one_tile, early_kv=P.fmha_early_kv(cfg, v))
             self._triton(P.FMHA_COMBINE, mla_decode_combine, s.fmha_partial, s.fmha_lse,
                          self.seq_lens, s.attn_lat.transpose(0, 1), wide=v.mla_combine_wide, block_n=tile)
             gated = P.gate_in_v(cfg, v)

@@ -348,15 +348,6 @@ def fmha_early_kv(cfg: K3Config, v: Variant) -> bool:
     return v.fmha_early_kv and v.fmha_one_tile and v.attn_forks
 
 
-def fmha_prefetches(cfg: K3Config, v: Variant) -> bool:
-    """fmha_prefetch: the split-KV FMHA loads each tile's cache rows one tile ahead, so they
-    are in flight while the tile before is multiplied (at B = 1 four 32-token tiles per split;
-    Triton pipelines only the loop's page look-ups). Two tiles in registers take 8 warps at
-    255 registers, one CTA per SM where the plain loop fits two: only where the B x splits
-    programs fit the SMs once (B <= 2 at the K3 context). fmha_one_tile's splits have one tile."""
-    return v.fmha_prefetch and not v.fmha_one_tile and cfg.batch * cfg.fmha_splits <= cfg.sm_count
-
-
 def g_proj_early(cfg: K3Config, v: Variant) -> bool:
     """g_proj_early: the g_proj leg (S2, x @ W_g) forks at the segment's start beside the Q
     chain and the KV leg, which leave HBM half idle (q_a and kv_a stream 30 MB in ~12 us on

@@ -67,7 +67,6 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "mla_q_skinny": ("mla_q_skinny", True),                # with triton_linear: q_a and q_b as split-K skinny GEMMs
     "moe_grouped_tuned": ("moe_grouped_tuned", True),      # the routed grouped GEMMs at moe.GROUPED_CONFIGS' blocks
     "attn_res_wide": ("attn_res_wide", True),              # B = 1: the attention residuals' pair in 1024-column chunks
-    "fmha_prefetch": ("fmha_prefetch", True),              # the FMHA loads each tile's cache rows one tile ahead
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -143,8 +142,6 @@ class Variant:
                                      # GEMMs (triton_mla_proj's two on main; kv_a and g_proj stay cuBLAS)
     moe_grouped_tuned: bool = False  # the routed gate|up and down GEMMs at moe.GROUPED_CONFIGS' blocks
     attn_res_wide: bool = False      # B = 1: the score and combine in chunks of attn_res.WIDE_BLOCK_H columns
-    fmha_prefetch: bool = False      # the split-KV FMHA loads each tile's cache rows while the tile before is
-                                     # multiplied, where B x splits fit the SMs once (not with fmha_one_tile)
     g_proj_early: bool = False       # the g_proj leg (S2) forks at the MLA segment's start, beside the Q and KV
                                      # chains, not at q_concat beside the FMHA
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait

@@ -227,9 +227,6 @@ C68=$C64+moe_grouped_tuned
 # recording did not fit that session's device time; campaign51 (the next session) passed them: kept,
 # -0.12 to -0.14 ms, k3trace diff -143 us. The campaign build is C69:
 C69=$C68+attn_res_wide
-# Round fourteen (a session without a device; written and tested on the CPU, not yet timed): the
-# split-KV FMHA loads each 32-token tile's cache rows while the tile before is multiplied (bit for bit).
-C70=$C69+fmha_prefetch
 
 case $phase in
 campaign_test)
@@ -739,15 +736,6 @@ campaign54)  # round 13: attn_res_wide's case with the GEMM it releases; the wid
     --json $OUT/step54_b64.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//'
   # mla_q_skinny at 8 layers: the combine before the skinny q_a, an edge turned programmatic (carry .nsys)
   PROBE="c57=$C57 c64=$C64" bash $0 campaign_probe ;;
-campaign55)  # round 14, prepared without a device: fmha_prefetch's GPU tests (the op at the K3 shapes and
-  # B = 1, 8, 64; C69 / C70 replayed bit for bit; C70's kernel nodes and reference at B = 1, 8), its standalone
-  # case, C69 / C70 unprofiled at B = 1 (3 rounds; B = 8 and 64 run c69's plan: plan.fmha_prefetches)
-  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
-    -k "prefetch or ((matches_reference or kernel_nodes) and c70 and not 64)" 2>&1 | tee $OUT/gpu55.log | tail -2
-  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases fmha_prefetch --json $OUT/ops55_b1.json 2>&1 | grep "  "
-  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C69 $C70 $C69 $C70 $C69 $C70 \
-    --json $OUT/step55.json 2>&1 | grep "B=" | sed 's/.*moe_grouped_tuned//'
-  bash $0 record_ab c69 c70 ;;
 campaign47)  # round 12: moe_grouped_tuned at B = 8 and 64 (measured while it applied at B = 1 only, with a
   # bench override since removed that extended it; now it applies at every batch), against C64 there
   timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C64 $C68 $C64 \

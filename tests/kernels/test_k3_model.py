@@ -51,7 +51,7 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
            "attn_res_fused+residual_separate", "router_align_fused", "mlp_residual_folded",
            "mlp_residual_folded+residual_separate", "pdl_early_trigger", "attn_res_early_rows",
            "prefetch:24", "kda_conv_fused", "moe_sum_norm_fused", "prefetch_leg:8", "pdl_trigger_first",
-           "pdl_early_trigger+pdl_trigger_first", "no_pdl", "pdl_early_trigger+no_pdl", "fmha_prefetch"]
+           "pdl_early_trigger+pdl_trigger_first", "no_pdl", "pdl_early_trigger+no_pdl"]
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
@@ -91,8 +91,6 @@ C64 = f"{DOWN_ATOMIC}+mla_head_bmm+mla_q_skinny"
 #: residuals' pair in wider chunks.
 C68 = f"{C64}+moe_grouped_tuned"
 C69 = f"{C68}+attn_res_wide"
-#: c69 with the FMHA's cache rows loaded one tile ahead (round fourteen, bit for bit).
-C70 = f"{C69}+fmha_prefetch"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -472,8 +470,7 @@ def test_gpu_side_priority_raises_the_side_streams():
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
                                   "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
                                   SITU_GATE_UP, SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"),
-                                  pytest.param(C68, id="c68"), pytest.param(C69, id="c69"),
-                                  pytest.param(C70, id="c70")])
+                                  pytest.param(C68, id="c68"), pytest.param(C69, id="c69")])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -497,7 +494,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
                                   SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"), pytest.param(C68, id="c68"),
-                                  pytest.param(C69, id="c69"), pytest.param(C70, id="c70")])
+                                  pytest.param(C69, id="c69")])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()
@@ -616,14 +613,6 @@ def test_gpu_fmha_early_kv_bitwise(batch):
     # splits, replayed outputs bit for bit with and without fmha_early_kv (compiled, PDL on).
     one_tile = f"{GLUON}+fmha_one_tile"
     assert_same(gpu_replay_outputs(batch, one_tile, steps=3), gpu_replay_outputs(batch, f"{one_tile}+fmha_early_kv", steps=3))
-
-
-@gpu
-@needs_cuda
-def test_gpu_fmha_prefetch_bitwise():
-    # Compiled at 8 warps against the plain loop at 4: c69's replayed outputs and state bit for
-    # bit at B = 1 (at B = 8 the plan keeps the plain loop: fmha_prefetches).
-    assert_same(gpu_replay_outputs(1, C69, steps=3), gpu_replay_outputs(1, C70, steps=3))
 
 
 @cpu

@@ -583,68 +583,6 @@ def test_mla_decode_one_tile(NH, DL, DR, page, seq, early_kv):
                             page_size=page, early_kv=True)
 
 
-@pytest.mark.parametrize("NH,DL,DR,page,seq", [
-    (2, 64, 16, 16, [1, 37, 150, 0]),
-    (12, 512, 64, 64, [1, 100, 300]),
-])
-def test_mla_decode_prefetch(NH, DL, DR, page, seq):
-    """Variant fmha_prefetch: each tile's cache rows loaded one tile ahead. The same tiles in
-    the same order: partials, lse and output bit for bit the plain loop's, and near float64
-    (2e-2). Splits of several tiles (the loop, and the load past the last tile, masked), of
-    one and of none, and a zero-length request; with the first tile early too."""
-    B = len(seq)
-    cache, block_table, seq_lens, q = _paged_decode_inputs(NH, DL + DR, page, seq, 20, 23)
-    sm_scale = 192 ** -0.5
-    ref = R.ref_mla_decode(q, cache, block_table, seq_lens, sm_scale, DL, page)
-    for S, first in ((4, False), (19, False), (4, True)):
-        outs = []
-        for prefetch in (False, True):
-            partial = torch.full((B, NH, S, DL), float("nan"), device=DEV, dtype=F32)
-            lse = torch.empty(B, NH, S, device=DEV, dtype=F32)
-            out = torch.empty(B, NH, DL, device=DEV, dtype=BF)
-            mla.mla_decode_fmha(q, cache, block_table, seq_lens, partial, lse, sm_scale, num_splits=S,
-                                page_size=page, block_n=16, first_early=first, prefetch=prefetch)
-            mla.mla_decode_combine(partial, lse, seq_lens, out, wide=True, block_n=16)
-            close(out, ref)
-            outs.append((partial, lse, out))
-        (p0, l0, o0), (p1, l1, o1) = outs
-        assert torch.equal(l0, l1) and torch.equal(o0, o1) and torch.equal(p0, p1), (S, first)
-    with pytest.raises(AssertionError, match="prefetch"):
-        mla.mla_decode_fmha(q, cache, block_table, seq_lens, partial, lse, sm_scale, num_splits=S,
-                            page_size=page, block_n=64, prefetch=True)
-
-
-@gpu_only
-@pytest.mark.parametrize("B", [1, 8, 64])
-def test_gpu_mla_decode_prefetch_k3(B):
-    """fmha_prefetch at the K3 shape (8193 tokens; B = 1: 65 splits of four 32-token tiles,
-    B = 8: 17 of sixteen), compiled at 8 warps: bit for bit the plain loop at 4 warps."""
-    from kernels.k3.config import K3Config
-
-    g = gen(80 + B)
-    cfg = K3Config(batch=B)
-    NH, DL, ROW, page = cfg.mla_heads, cfg.kv_lora, cfg.kv_a_width, cfg.page_size
-    n_pages = cfg.pages_per_request
-    cache = randn(g, B * n_pages + 3, page, ROW)
-    block_table = (torch.randperm(B * n_pages + 3, generator=torch.Generator().manual_seed(8))[:B * n_pages]
-                   .view(B, n_pages).to(device=DEV, dtype=I32))
-    seq_lens = torch.full((B,), cfg.seq_len, device=DEV, dtype=I32)
-    q = randn(g, B, NH, ROW)
-    S = cfg.fmha_splits
-    outs = []
-    for prefetch in (False, True):
-        partial = torch.empty(B, NH, S, DL, device=DEV, dtype=F32)
-        lse = torch.empty(B, NH, S, device=DEV, dtype=F32)
-        out = torch.empty(B, NH, DL, device=DEV, dtype=BF)
-        mla.mla_decode_fmha(q, cache, block_table, seq_lens, partial, lse, cfg.sm_scale, num_splits=S,
-                            page_size=page, prefetch=prefetch)
-        mla.mla_decode_combine(partial, lse, seq_lens, out, wide=True)
-        outs.append((partial, lse, out))
-    (p0, l0, o0), (p1, l1, o1) = outs
-    assert torch.equal(p0, p1) and torch.equal(l0, l1) and torch.equal(o0, o1)
-    close(o1, R.ref_mla_decode(q, cache, block_table, seq_lens, cfg.sm_scale, DL, page))
-
-
 def _head_bmm_case(NH, B, K, N, gated, seed, heads_first_out):
     g = gen(seed)
     a = randn(g, B, NH, K + 8)[:, :, 4:K + 4].transpose(0, 1)  # a strided view, as q_nope is

@@ -178,7 +178,7 @@ def mla_decode_fmha_kernel(q, cache, block_table, seq_lens, partial, lse, sm_sca
                            NH: tl.constexpr, DL: tl.constexpr, DR: tl.constexpr,
                            PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
                            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
-                           FIRST_EARLY: tl.constexpr, EARLY_KV: tl.constexpr, PREFETCH: tl.constexpr,
+                           FIRST_EARLY: tl.constexpr, EARLY_KV: tl.constexpr,
                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     sp = tl.program_id(1)
@@ -217,38 +217,14 @@ def mla_decode_fmha_kernel(q, cache, block_table, seq_lens, partial, lse, sm_sca
             kr0 = tl.load(rows0[:, None] + DL + dr[None, :], mask=tm0[:, None], other=0.0)
         m, l, acc = _fmha_tile(q_l, q_r, kv0, kr0, tm0, m, l, acc, qk_scale, BLOCK_H, BLOCK_N, DOT_F32)
         first = start + BLOCK_N
-    pages = block_table + b.to(tl.int64) * stride_bt
-    if PREFETCH:
-        # Variant fmha_prefetch: each tile's cache rows are loaded one tile ahead, so a tile's
-        # loads are in flight while the one before is multiplied. The plain loop issues them
-        # after the tile before is done: a page look-up, then the rows it addresses, then the
-        # products, in series per tile. Triton (3.7, compiled for sm_90a) pipelines none of
-        # its loads, and asked to (tl.range, num_stages=2) only the page look-ups, not the
-        # rows. The same tiles in the same order: bit for bit the plain loop's sums.
-        ts = first + tl.arange(0, BLOCK_N)
+    for n0 in range(first, end, BLOCK_N):
+        ts = n0 + tl.arange(0, BLOCK_N)
         tm = ts < end
-        page = tl.load(pages + ts // PAGE, mask=tm, other=0)
+        page = tl.load(block_table + b.to(tl.int64) * stride_bt + ts // PAGE, mask=tm, other=0)
         rows = cache + (page.to(tl.int64) * PAGE + ts % PAGE) * stride_cache
         kv = tl.load(rows[:, None] + dl[None, :], mask=tm[:, None], other=0.0)
         kr = tl.load(rows[:, None] + DL + dr[None, :], mask=tm[:, None], other=0.0)
-        for n0 in range(first, end, BLOCK_N):
-            ts_next = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
-            tm_next = ts_next < end  # past the split's last tile: all masked, nothing read
-            page = tl.load(pages + ts_next // PAGE, mask=tm_next, other=0)
-            rows = cache + (page.to(tl.int64) * PAGE + ts_next % PAGE) * stride_cache
-            kv_next = tl.load(rows[:, None] + dl[None, :], mask=tm_next[:, None], other=0.0)
-            kr_next = tl.load(rows[:, None] + DL + dr[None, :], mask=tm_next[:, None], other=0.0)
-            m, l, acc = _fmha_tile(q_l, q_r, kv, kr, tm, m, l, acc, qk_scale, BLOCK_H, BLOCK_N, DOT_F32)
-            kv, kr, tm = kv_next, kr_next, tm_next
-    else:
-        for n0 in range(first, end, BLOCK_N):
-            ts = n0 + tl.arange(0, BLOCK_N)
-            tm = ts < end
-            page = tl.load(pages + ts // PAGE, mask=tm, other=0)
-            rows = cache + (page.to(tl.int64) * PAGE + ts % PAGE) * stride_cache
-            kv = tl.load(rows[:, None] + dl[None, :], mask=tm[:, None], other=0.0)
-            kr = tl.load(rows[:, None] + DL + dr[None, :], mask=tm[:, None], other=0.0)
-            m, l, acc = _fmha_tile(q_l, q_r, kv, kr, tm, m, l, acc, qk_scale, BLOCK_H, BLOCK_N, DOT_F32)
+        m, l, acc = _fmha_tile(q_l, q_r, kv, kr, tm, m, l, acc, qk_scale, BLOCK_H, BLOCK_N, DOT_F32)
     # Empty split (start >= end): zeros and lse = -inf, which the combine skips.
     has = l > 0.0
     o = acc / tl.where(has, l, 1.0)[:, None]
@@ -327,7 +303,7 @@ def mla_decode_fmha(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Ten
                     seq_lens: torch.Tensor, partial: torch.Tensor, lse: torch.Tensor,
                     sm_scale: float, *, num_splits: int, page_size: int = 64,
                     block_n: int = FMHA_BLOCK_N, first_early: bool = False, early_kv: bool = False,
-                    prefetch: bool = False, num_warps: int | None = None, delay_ns: int = 0) -> None:
+                    delay_ns: int = 0) -> None:
     """Split-KV flash decoding: grid (B, num_splits), all heads of a token per program
     (they share the latent K/V). partial[b, h, s] = softmax-normalised output of split s,
     lse[b, h, s] its natural-log sum-exp (-inf when the split is empty).
@@ -335,10 +311,7 @@ def mla_decode_fmha(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Ten
     block_n: tokens per tile (the combine must be given the same). first_early (variant
     fmha_one_tile): the first tile's page look-ups before the PDL wait; early_kv (variant
     fmha_early_kv): its cache rows too, which the caller may ask for only where no kernel
-    between the wait's producer and this one writes the cache. prefetch (variant
-    fmha_prefetch): each tile's rows loaded while the tile before is multiplied. Same sums
-    either way. num_warps: the launch's, for the benchmark's controls (default: the fewest
-    that do not spill)."""
+    between the wait's producer and this one writes the cache. Same sums either way."""
     B, NH, ROW = q.shape
     DL = partial.shape[3]
     DR = ROW - DL
@@ -348,22 +321,14 @@ def mla_decode_fmha(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Ten
     assert q.stride(2) == 1 and DL == next_pow2(DL) and DR == next_pow2(DR) and DR >= 16
     assert block_table.dtype == torch.int32 and block_table.stride(1) == 1 and seq_lens.shape == (B,)
     assert not early_kv or first_early, "early_kv loads the first tile early: it needs first_early"
-    # Two 64-token tiles spill at 8 warps and at 16 (sm_90a); one-tile splits have no next tile.
-    assert not prefetch or block_n <= 32, "prefetch holds two tiles in registers: tiles of <= 32 tokens"
     rows = _cache_rows(cache, ROW)
     launch(mla_decode_fmha_kernel, (B, num_splits), q, rows, block_table, seq_lens, partial, lse,
            float(sm_scale), q.stride(0), q.stride(1), rows.stride(0), block_table.stride(0),
            NH=NH, DL=DL, DR=DR, PAGE=page_size, NUM_SPLITS=num_splits,
            BLOCK_H=max(16, next_pow2(NH)), BLOCK_N=block_n, DOT_F32=DOT_F32,
-           FIRST_EARLY=first_early, EARLY_KV=early_kv, PREFETCH=prefetch,
-           num_warps=num_warps or fmha_warps(block_n, prefetch), num_stages=2, delay_ns=delay_ns)
-
-
-def fmha_warps(block_n: int, prefetch: bool) -> int:
-    """The fewest warps that hold the FMHA's tiles without spilling on sm_90: a 64-token tile
-    (64 x 576 bf16, held for both products) spills at 4, as do two 32-token tiles
-    (fmha_prefetch; Triton 3.7, sm_90a: 788 bytes of spill stores at 4 warps, none at 8)."""
-    return 8 if block_n >= 64 or prefetch else 4
+           FIRST_EARLY=first_early, EARLY_KV=early_kv,
+           # A 64-token tile (64 x 576 bf16) held for both products spills at 4 warps on sm_90.
+           num_warps=8 if block_n >= 64 else 4, num_stages=2, delay_ns=delay_ns)
 
 
 def mla_decode_combine(partial: torch.Tensor, lse: torch.Tensor, seq_lens: torch.Tensor,
