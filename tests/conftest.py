@@ -29,6 +29,23 @@ def bundled(name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def bench_script():
+    """Name -> bench/<name>.py loaded as a module (the bench scripts are not a package)."""
+    import importlib.util
+
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+            made[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(made[name])
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def trace_sqlite(tmp_path_factory):
     """Function name -> plain SQLite path of a bundled recording (decompressed once)."""
     folder = tmp_path_factory.mktemp("traces")

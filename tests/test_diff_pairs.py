@@ -302,42 +302,37 @@ def test_campaign_add3_folded_into_the_next_score(analysis, ref):
     assert d.verdict_span == FASTER
 
 
-def followers(r, name, before, family):
-    """The `name` kernels of `family` that run right after a `before` kernel on their stream:
-    (mean over stable steps of their summed time in us, how many of them start at most the
-    PDL gap after that kernel's end (settings' pdl_max_gap_ns: a PDL edge), how many there are)."""
+def stream_pairs(r, before, after, family, timed):
+    """Kernels named `before` and `after` that run one right after the other on a stream, the
+    `timed` one of them ("before" or "after") of `family`: (mean over stable steps of the timed
+    kernels' summed time in us, how many of the pairs are PDL edges (`after` starts at most the
+    PDL gap after `before`'s end: settings' pdl_max_gap_ns), how many pairs there are)."""
     gap = reference.settings()["pdl_max_gap_ns"]
     per_step, pdl, n = [], 0, 0
     for s in r.stable:
         last, time = {}, 0
         for k in sorted(s.kernels, key=lambda k: k.start):
             prev = last.get(k.stream)
-            if k.name == name and k.family == family and prev is not None and prev.name == before:
-                time += k.dur
+            last[k.stream] = k
+            if prev is None or (prev.name, k.name) != (before, after):
+                continue
+            t = k if timed == "after" else prev
+            if t.family == family:
+                time += t.dur
                 n += 1
                 pdl += k.start - prev.end <= gap
-            last[k.stream] = k
         per_step.append(time)
     return statistics.mean(per_step) / 1e3, pdl, n
+
+
+def followers(r, name, before, family):
+    """The `name` kernels of `family` right after a `before` kernel on their stream."""
+    return stream_pairs(r, before, name, family, "after")
 
 
 def leaders(r, name, family, after):
-    """The `name` kernels of `family` that run right before a kernel named `after` on their
-    stream: (mean over stable steps of their summed time in us, how many of those `after`
-    kernels start at most the PDL gap after their end (a PDL edge), how many there are)."""
-    gap = reference.settings()["pdl_max_gap_ns"]
-    per_step, pdl, n = [], 0, 0
-    for s in r.stable:
-        last, time = {}, 0
-        for k in sorted(s.kernels, key=lambda k: k.start):
-            prev = last.get(k.stream)
-            if k.name == after and prev is not None and prev.name == name and prev.family == family:
-                time += prev.dur
-                n += 1
-                pdl += k.start - prev.end <= gap
-            last[k.stream] = k
-        per_step.append(time)
-    return statistics.mean(per_step) / 1e3, pdl, n
+    """The `name` kernels of `family` right before an `after` kernel on their stream."""
+    return stream_pairs(r, name, after, family, "before")
 
 
 def test_early_trigger_rows_that_traded_are_read_together(analysis, ref):

@@ -4,7 +4,6 @@ bytes they split the HBM floor into."""
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import subprocess
 import sys
@@ -22,11 +21,8 @@ FULL_DEPTH_B1_GB = 36.02
 
 
 @pytest.fixture(scope="module")
-def segments_module():
-    spec = importlib.util.spec_from_file_location("floor_segments", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def segments_module(bench_script):
+    return bench_script("floor_segments")
 
 
 def raw_segments(r) -> dict[str, list[int]]:

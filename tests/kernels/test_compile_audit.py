@@ -8,7 +8,6 @@ asynchronously; compiled from its signature alone, it loads them one tile after 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,7 +17,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "compile_audit.py"
 #: The FMHA of one MLA layer at B = 1 (65 splits over 8193 tokens): as `mla_decode_fmha`
 #: launches it (the audit), and from its signature alone with the same constants.
 COMPILE = r"""
@@ -56,11 +54,8 @@ print(json.dumps({"launched": launched, "bare_async_copies": len(audit.ASYNC_COP
 
 
 @pytest.fixture(scope="module")
-def audit():
-    spec = importlib.util.spec_from_file_location("compile_audit", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def audit(bench_script):
+    return bench_script("compile_audit")
 
 
 @pytest.mark.parametrize("regs, warps, smem_kb, want", [
