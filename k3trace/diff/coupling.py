@@ -54,7 +54,7 @@ REASONS = {
                  "of its work, the one that releases it ends where it starts"),
 }
 #: A duration row joins a replacement when at least this share of its recorded change lies
-#: on kernels the replacement releases in both builds.
+#: on the unchanged kernels beside the replacement's on their PDL chains.
 RELEASED_SHARE = 0.5
 #: A neighbour joins a group only when it is at least the group's largest row over this: a
 #: small row that happens to lower the sum is its own change, not the group's trade.

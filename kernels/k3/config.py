@@ -264,7 +264,7 @@ class K3Config:
             parts["kda state"] = B * self.kda_heads * self.kda_head_dim ** 2 * f32
         else:
             parts["attention weights"] = (H * self.q_lora + H * self.kv_a_width + self.q_lora * self.q_b_width
-                                          + 2 * self.mla_heads * self.qk_nope * self.kv_lora
+                                          + self.mla_heads * (self.qk_nope + self.v_head) * self.kv_lora  # W_UK, W_UV
                                           + H * self.mla_out_width + self.mla_out_width * H) * bf
             parts["mla cache"] = B * self.seq_len * self.kv_a_width * bf
         if self.mlp_family(layer) == DENSE:
