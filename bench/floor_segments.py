@@ -15,6 +15,9 @@ floor's terms) at the copy bandwidth measured beside the step (bench_k3_step.py)
         [--new REPORT ...] [--json OUT]
 
 With --new, the second build's medians beside the first's: which segments a change moved.
+Each segment's tail (from its last kernel's start, the output GEMM, to the next segment's
+first kernel) is reported beside it: in K3's segments it holds most of the time above the
+floor (kernels/README.md, fourteenth round).
 """
 
 from __future__ import annotations
@@ -32,20 +35,22 @@ ATTENTION, MLP = ("kda", "mla"), ("moe", "dense")
 
 
 def segment_times(kernels: pl.DataFrame, stable_steps: list[int]) -> pl.DataFrame:
-    """step, layer, family, kind, time_ns: each segment of a stable step that has a next
-    anchor, from its (layer, family)'s first kernel start to the next anchor's. An MLP
-    segment's kind names the attention after it ("moe > mla"): the pre-attention pair it
+    """step, layer, family, kind, time_ns, tail_ns: each segment of a stable step that has a
+    next anchor, from its (layer, family)'s first kernel start to the next anchor's; the tail
+    from its last kernel's start (K3's output GEMM: o_proj, the MoE up GEMM) to the same
+    anchor, which holds that kernel, the residual pair after it and the hop to the next GEMM.
+    An MLP segment's kind names the attention after it ("moe > mla"): the pre-attention pair it
     ends with releases a different first kernel there (a cuBLAS GEMM or a PDL one)."""
     anchors = (kernels.filter(pl.col("step").is_in(stable_steps) & pl.col("family").is_in(ANCHORS)
                               & pl.col("layer").is_not_null())
-               .group_by("step", "layer", "family").agg(pl.col("start").min())
+               .group_by("step", "layer", "family").agg(pl.col("start").min(), pl.col("start").max().alias("last"))
                .sort("step", "start"))
     nxt = pl.col("start").shift(-1).over("step"), pl.col("family").shift(-1).over("step")
-    return (anchors.with_columns(time_ns=nxt[0] - pl.col("start"),
+    return (anchors.with_columns(time_ns=nxt[0] - pl.col("start"), tail_ns=nxt[0] - pl.col("last"),
                                  kind=pl.when(pl.col("family").is_in(MLP))
                                  .then(pl.concat_str("family", pl.lit(" > "), nxt[1]))
                                  .otherwise(pl.col("family")))
-            .drop_nulls("time_ns").select("step", "layer", "family", "kind", "time_ns"))
+            .drop_nulls("time_ns").select("step", "layer", "family", "kind", "time_ns", "tail_ns"))
 
 
 def segment_bytes(cfg) -> dict[str, int]:
@@ -62,11 +67,13 @@ def segment_bytes(cfg) -> dict[str, int]:
 
 
 def floor_table(segments: pl.DataFrame, nbytes: dict[str, int], copy_bytes_per_ns: float) -> pl.DataFrame:
-    """Per kind: segments per step, the median segment, its bytes at copy bandwidth, and the
-    time above that per segment and per step (median x segments)."""
+    """Per kind: segments per step, the median segment and its median tail (segment_times),
+    its bytes at copy bandwidth, and the time above that per segment and per step (median x
+    segments)."""
     per_step = segments.group_by("step", "kind").len().group_by("kind").agg(pl.col("len").median())
     table = (segments.group_by("kind").agg(pl.col("family").first(),
-                                           (pl.col("time_ns").median() / 1e3).alias("median_us"))
+                                           (pl.col("time_ns").median() / 1e3).alias("median_us"),
+                                           (pl.col("tail_ns").median() / 1e3).alias("tail_us"))
              .join(per_step.rename({"len": "per_step"}), on="kind")
              .with_columns(mb=pl.col("family").replace_strict(nbytes, default=None) / 1e6))
     table = table.with_columns(floor_us=pl.col("mb") * 1e3 / copy_bytes_per_ns)

@@ -25,20 +25,24 @@ def segments_module(bench_script):
     return bench_script("floor_segments")
 
 
-def raw_segments(r) -> dict[str, list[int]]:
-    """kind -> every segment's time (ns) over the stable steps: from each (layer, family)'s
-    first kernel start (attention and MLP families) to the next one's."""
-    out: dict[str, list[int]] = {}
+def raw_segments(r) -> dict[str, list[tuple[int, int]]]:
+    """kind -> every segment's (time, tail) in ns over the stable steps: from each (layer,
+    family)'s first kernel start (attention and MLP families), and from its last one's, to
+    the next (layer, family)'s first."""
+    out: dict[str, list[tuple[int, int]]] = {}
     for s in r.stable:
         first: dict[tuple[int, str], int] = {}
+        last: dict[tuple[int, str], int] = {}
         for k in s.kernels:
             if k.family in ("kda", "mla", "moe", "dense") and k.layer is not None:
                 key = (k.layer, k.family)
                 first[key] = min(first.get(key, k.start), k.start)
-        anchors = sorted((start, family) for (_, family), start in first.items())
-        for (start, family), (after, next_family) in zip(anchors, anchors[1:]):
-            kind = f"{family} > {next_family}" if family in ("moe", "dense") else family
-            out.setdefault(kind, []).append(after - start)
+                last[key] = max(last.get(key, k.start), k.start)
+        anchors = sorted((start, key) for key, start in first.items())
+        for (start, key), (after, next_key) in zip(anchors, anchors[1:]):
+            family = key[1]
+            kind = f"{family} > {next_key[1]}" if family in ("moe", "dense") else family
+            out.setdefault(kind, []).append((after - start, after - last[key]))
     return out
 
 
@@ -47,7 +51,7 @@ def test_segments_are_the_gaps_between_the_layers_first_kernels(segments_module,
     truth = raw_segments(reference.compute(trace_sqlite(name)))
     a = analysis(name)
     segments = segments_module.segment_times(a.kernels, a.step_times["step"].to_list())
-    got = {kind: sorted(g["time_ns"].to_list()) for (kind,), g in segments.group_by("kind")}
+    got = {kind: sorted(zip(g["time_ns"].to_list(), g["tail_ns"].to_list())) for (kind,), g in segments.group_by("kind")}
     assert got == {kind: sorted(v) for kind, v in truth.items()}
     # 8 layers: KDA on 1-3 and 5-7, MLA on 4 and 8; the last MoE segment has no end anchor.
     assert {kind: len(v) // a.stable_steps for kind, v in truth.items()} == {
@@ -56,7 +60,9 @@ def test_segments_are_the_gaps_between_the_layers_first_kernels(segments_module,
     table = segments_module.floor_table(segments, segments_module.segment_bytes(K3Config(num_layers=8)), 4.21e3)
     row = {r["kind"]: r for r in table.to_dicts()}
     for kind, v in truth.items():
-        assert row[kind]["median_us"] == pytest.approx(statistics.median(v) / 1e3)
+        assert row[kind]["median_us"] == pytest.approx(statistics.median(t for t, _ in v) / 1e3)
+        assert row[kind]["tail_us"] == pytest.approx(statistics.median(t for _, t in v) / 1e3)
+        assert 0 < row[kind]["tail_us"] < row[kind]["median_us"]
         assert row[kind]["above_us"] == pytest.approx(row[kind]["median_us"] - row[kind]["mb"] * 1e6 / 4.21e6)
 
 
