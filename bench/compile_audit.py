@@ -209,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{args.variant} at B = {args.batch}, {args.layers} layers, compiled for sm_90a by Triton "
           f"{triton.__version__} (occupancy estimated from the H200's per-SM limits)")
-    print(pl.DataFrame([r for r in rows if "not_compiled" not in r]).drop("grid"))
+    compiled = [r for r in rows if "not_compiled" not in r]
+    if compiled:  # every launch may have failed to compile under this Triton
+        print(pl.DataFrame(compiled).drop("grid"))
     for r in rows:
         if "not_compiled" in r:
             print(f"not compiled here: {r['kernel']} ({r['subop']}): {r['not_compiled']}")
