@@ -454,6 +454,79 @@ def mla_round(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def mla_copies(B: int, calls: int) -> dict[str, float]:
+    """Variants mla_absorb_concat and mla_kv_norm_insert at the K3 shapes, back to back and one
+    call at a time (weight copies rotated past the L2): the Q chain's tail (the absorb ->
+    q_concat, or the absorb into the query rows with the rope part) and the KV leg (kv_a by
+    cuBLAS -> RMSNorm -> insert, or the norm into the cache row), each alone, then both legs as
+    the step runs them: the KV leg forked on S1 at the start, joined before a 1-warp reader of
+    the query rows (the FMHA's place; q_concat, when there is one, reads them after the join)."""
+    from kernels.k3.config import K3Config
+    from kernels.k3.ops.mla import head_bmm, mla_cache_insert, mla_kv_norm_insert, mla_q_concat
+    from kernels.k3.ops.norm import rmsnorm
+    from kernels.streams import fork, join
+
+    cfg = K3Config(batch=B)
+    g = torch.Generator(device="cuda").manual_seed(17)
+    H, NH, DL, DR, KN = cfg.hidden, cfg.mla_heads, cfg.kv_lora, cfg.qk_rope, cfg.qk_nope
+    copies = _copies(H * cfg.kv_a_width * 2)  # kv_a's 8.3 MB; the absorb's 1.5 MB rotate with it
+    w_uk = [torch.randn(NH, KN, DL, device="cuda", dtype=BF, generator=g) * 0.1 for _ in range(copies)]
+    w_kv = [torch.randn(H, cfg.kv_a_width, device="cuda", dtype=BF, generator=g) * H ** -0.5 for _ in range(copies)]
+    gamma = torch.ones(DL, device="cuda", dtype=BF)
+    q_b = torch.randn(B, NH, cfg.qk_head, device="cuda", dtype=BF, generator=g)
+    q_nope, q_rope = q_b[:, :, :KN].transpose(0, 1), q_b[:, :, KN:]
+    q_abs = torch.empty(NH, B, DL, device="cuda", dtype=BF)
+    q_full = torch.empty(B, NH, DL + DR, device="cuda", dtype=BF)
+    rows_out, rope_out = q_full[:, :, :DL].transpose(0, 1), q_full[:, :, DL:].transpose(0, 1)
+    x = torch.randn(B, H, device="cuda", dtype=BF, generator=g)
+    kv_a = torch.empty(B, cfg.kv_a_width, device="cuda", dtype=BF)
+    kv_lat = torch.empty(B, DL, device="cuda", dtype=BF)
+    cache = torch.zeros(B * cfg.pages_per_request, cfg.page_size, cfg.kv_a_width, device="cuda", dtype=BF)
+    slots = (torch.arange(B, device="cuda", dtype=I32) * cfg.pages_per_request * cfg.page_size).contiguous()
+    ones, sink = (torch.ones(NH * (DL + DR), device="cuda", dtype=BF),
+                  torch.empty(B, NH * (DL + DR), device="cuda", dtype=BF))
+    s1 = torch.cuda.Stream()
+
+    def q_tail(i, fused):
+        if fused:
+            head_bmm(q_nope, w_uk[i % copies], rows_out, rope=(q_rope.transpose(0, 1), rope_out))
+        else:
+            head_bmm(q_nope, w_uk[i % copies], q_abs)
+
+    def kv_leg(i, fused):
+        torch.mm(x, w_kv[i % copies], out=kv_a)
+        if fused:
+            mla_kv_norm_insert(kv_a[:, :DL], gamma, kv_a[:, DL:], cache, slots, cfg.norm_eps)
+        else:
+            rmsnorm(kv_a[:, :DL], gamma, kv_lat, cfg.norm_eps)
+            mla_cache_insert(kv_lat, kv_a[:, DL:], cache, slots)
+
+    def both(i, absorb_concat, norm_insert):
+        main = torch.cuda.current_stream()
+        fork(main, s1, enabled=True)
+        with torch.cuda.stream(s1):
+            kv_leg(i, norm_insert)
+        q_tail(i, absorb_concat)
+        join(main, s1, enabled=True)
+        if not absorb_concat:
+            mla_q_concat(q_abs.transpose(0, 1), q_rope, q_full)
+        rmsnorm(q_full.view(B, -1), ones, sink)  # the FMHA's place: a PDL kernel reading the rows
+
+    forms = {"c69: absorb -> q_concat": lambda i: (q_tail(i, False), mla_q_concat(q_abs.transpose(0, 1), q_rope, q_full)),
+             "mla_absorb_concat: absorb into the rows": lambda i: q_tail(i, True),
+             "c69: kv_a -> norm -> insert": lambda i: kv_leg(i, False),
+             "mla_kv_norm_insert: kv_a -> norm into the row": lambda i: kv_leg(i, True),
+             "c69: both legs -> reader": lambda i: both(i, False, False),
+             "mla_absorb_concat: both legs -> reader": lambda i: both(i, True, False),
+             "mla_kv_norm_insert: both legs -> reader": lambda i: both(i, False, True),
+             "mla_absorb_concat+mla_kv_norm_insert: both legs -> reader": lambda i: both(i, True, True)}
+    res = {}
+    for name, fn in forms.items():
+        res[name] = per_call_us(fn, calls)
+        res[f"{name}, one call"] = single_call_us(fn, copies)
+    return res
+
+
 def mla_q_chain(B: int, calls: int) -> dict[str, float]:
     """Variant mla_q_skinny at the K3 shapes, back to back and one call at a time (weight
     copies rotated past the L2): the Q chain q_a -> RMSNorm -> q_b -> absorb with q_a and q_b
@@ -1207,14 +1280,20 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "mla_head_bmm (V-up)": (24, "c51: V-up (cuBLAS BMM) -> gate_mul, one call",
                                    "mla_head_bmm: V-up -> gate_mul, one call"),
            "mla_gate_in_v": (24, "mla_head_bmm: V-up -> gate_mul, one call", "mla_gate_in_v: V-up with the gate, one call"),
-           "mla_q_skinny": (24, "c57: q_a, q_b by cuBLAS, one call", "mla_q_skinny: split-K skinny, one call")}
+           "mla_q_skinny": (24, "c57: q_a, q_b by cuBLAS, one call", "mla_q_skinny: split-K skinny, one call"),
+           "mla_absorb_concat": (24, "c69: both legs -> reader, one call", "mla_absorb_concat: both legs -> reader, one call"),
+           "mla_kv_norm_insert": (24, "c69: both legs -> reader, one call", "mla_kv_norm_insert: both legs -> reader, one call"),
+           "mla_absorb_concat+mla_kv_norm_insert": (24, "c69: both legs -> reader, one call",
+                                                    "mla_absorb_concat+mla_kv_norm_insert: both legs -> reader, one call")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
            "attn_res_one_pass": "attn_res_fused",
            "latent_norm_folded": "moe_tail_fused", "moe_sum_norm_fused": "moe_tail_fused",
            "fmha_one_tile": "mla_round", "fmha_early_kv": "mla_round", "mla_head_bmm (absorb)": "mla_round",
-           "mla_head_bmm (V-up)": "mla_round", "mla_gate_in_v": "mla_round"}
+           "mla_head_bmm (V-up)": "mla_round", "mla_gate_in_v": "mla_round",
+           "mla_absorb_concat": "mla_copies", "mla_kv_norm_insert": "mla_copies",
+           "mla_absorb_concat+mla_kv_norm_insert": "mla_copies"}
 
 
 def main() -> int:
@@ -1251,6 +1330,7 @@ def main() -> int:
             "shared_up": lambda: shared_up(B, args.calls),
             "mla_round": lambda: mla_round(B, args.calls),
             "mla_q_skinny": lambda: mla_q_chain(B, args.calls),
+            "mla_copies": lambda: mla_copies(B, args.calls),
             "moe_grouped_tuned": lambda: grouped_tuned(B, args.calls),
             "attn_res_wide": lambda: attn_res_wide(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}

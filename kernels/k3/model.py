@@ -49,7 +49,7 @@ from kernels.k3.ops.attn_res import (
 from kernels.k3.ops.common import early_trigger, pdl_off, trigger_first
 from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
 from kernels.k3.ops.mla import (FMHA_BLOCK_N, gate_mul, head_bmm, mla_cache_insert, mla_decode_combine,
-                                  mla_decode_fmha, mla_q_concat)
+                                  mla_decode_fmha, mla_kv_norm_insert, mla_q_concat)
 from kernels.k3.ops.moe import (
     alloc_front_router_done,
     grouped_config,
@@ -533,13 +533,14 @@ class K3Decode:
             torch.mm(a, w, out=out)
 
     def _head_bmm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
-                  gate: torch.Tensor | None = None) -> None:
+                  gate: torch.Tensor | None = None, rope: tuple | None = None) -> None:
         """The MLA's per-head products: head_bmm_kernel under mla_head_bmm (with the output
-        gate under mla_gate_in_v), else cuBLAS's BMM."""
+        gate under mla_gate_in_v, the rope copy under mla_absorb_concat), else cuBLAS's BMM."""
         if P.head_bmms(self.cfg, self.variant):
-            self._triton(subop, head_bmm, a, w, out, **({"gate": gate} if gate is not None else {}))
+            extra = {**({"gate": gate} if gate is not None else {}), **({"rope": rope} if rope is not None else {})}
+            self._triton(subop, head_bmm, a, w, out, **extra)
             return
-        assert gate is None
+        assert gate is None and rope is None
         self._bmm(subop, a, w, out)
 
     def _bmm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
@@ -705,20 +706,29 @@ class K3Decode:
                 self._mm(P.Q_A, s.x, w.q_a, s.q_a)
             self._triton(P.Q_A_NORM, rmsnorm, s.q_a, w.q_a_norm, s.q_a_n, cfg.norm_eps)
             self._mm(P.Q_B, s.q_a_n, w.q_b, s.q_b)
-            self._head_bmm(P.ABSORB, q_nope.transpose(0, 1), w.w_uk, s.q_abs)
+            if P.absorb_concats(cfg, v):  # mla_absorb_concat: straight into the FMHA's query rows
+                self._head_bmm(P.ABSORB, q_nope.transpose(0, 1), w.w_uk, s.q_full[:, :, :cfg.kv_lora].transpose(0, 1),
+                               rope=(q_rope.transpose(0, 1), s.q_full[:, :, cfg.kv_lora:].transpose(0, 1)))
+            else:
+                self._head_bmm(P.ABSORB, q_nope.transpose(0, 1), w.w_uk, s.q_abs)
             with self._on(kv):
                 if not merged:
                     self._mm(P.KV_A, s.x, w.kv_a, s.kv_a)
-                self._triton(P.KV_A_NORM, rmsnorm, kv_lat_in, w.kv_a_norm, s.kv_lat, cfg.norm_eps)
-                if v.attn_forks:  # forked: the KV leg writes its own cache row
-                    self._triton(P.CACHE_INSERT, mla_cache_insert, s.kv_lat, k_rope, w.cache,
-                                 self.slot_mapping)
+                if P.kv_norm_inserts(cfg, v):  # the norm writes the cache row itself
+                    self._triton(P.KV_A_NORM, mla_kv_norm_insert, kv_lat_in, w.kv_a_norm, k_rope, w.cache,
+                                 self.slot_mapping, cfg.norm_eps)
+                else:
+                    self._triton(P.KV_A_NORM, rmsnorm, kv_lat_in, w.kv_a_norm, s.kv_lat, cfg.norm_eps)
+                    if v.attn_forks:  # forked: the KV leg writes its own cache row
+                        self._triton(P.CACHE_INSERT, mla_cache_insert, s.kv_lat, k_rope, w.cache,
+                                     self.slot_mapping)
             self._join(kv)
-            self._triton(P.Q_CONCAT, mla_q_concat, s.q_abs.transpose(0, 1), q_rope, s.q_full,
-                         split_rows=v.mla_epilogue_split,
-                         # Forks off: the KV norm ran just before on this stream, so the
-                         # split variant's cache programs must wait for it too.
-                         **({} if v.attn_forks else {**cache_args, "cache_wait": True}))
+            if not P.absorb_concats(cfg, v):
+                self._triton(P.Q_CONCAT, mla_q_concat, s.q_abs.transpose(0, 1), q_rope, s.q_full,
+                             split_rows=v.mla_epilogue_split,
+                             # Forks off: the KV norm ran just before on this stream, so the
+                             # split variant's cache programs must wait for it too.
+                             **({} if v.attn_forks else {**cache_args, "cache_wait": True}))
             if not early_gate:
                 gate = self._fork(P.AUX2, v.attn_forks and not merged)
                 if not merged:

@@ -76,6 +76,7 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
     "kda_gated_rmsnorm": ("kda_gated_rmsnorm_kernel",),
     "mla_q_concat": ("mla_q_concat_kernel",),
     "mla_cache_insert": ("mla_q_concat_kernel",),  # the same kernel with no query rows
+    "mla_kv_norm_insert": ("rmsnorm_kernel",),   # mla_kv_norm_insert: the norm writing the cache row
     "mla_decode_fmha": ("mla_decode_fmha_kernel",),
     "mla_decode_combine": ("mla_decode_combine_kernel",),
     "mla_decode_combine/wide": ("mla_decode_combine_wide_kernel",),
@@ -357,6 +358,24 @@ def g_proj_early(cfg: K3Config, v: Variant) -> bool:
     return v.g_proj_early and v.attn_forks and not mla_proj_merges(cfg, v)
 
 
+def absorb_concats(cfg: K3Config, v: Variant) -> bool:
+    """mla_absorb_concat: with head_bmms, the absorb kernel stores its output straight into
+    the FMHA's query rows and copies each head's rope part beside it, so q_concat's launch
+    and its hop leave the Q chain. Forks on only: forks off, q_concat also writes the cache
+    row. The KV leg then joins the FMHA itself (a plain edge beside the absorb's PDL one).
+    On c69 the KV leg ended a median 0.35 us before q_concat started (kernels/README.md,
+    round fifteen), so the Q chain alone gains little without mla_kv_norm_insert."""
+    return v.mla_absorb_concat and head_bmms(cfg, v) and v.attn_forks
+
+
+def kv_norm_inserts(cfg: K3Config, v: Variant) -> bool:
+    """mla_kv_norm_insert: the KV leg's RMSNorm stores the normalised latent and the rope
+    part straight into the step's cache row (mla_kv_norm_insert, the same rmsnorm_kernel),
+    so the leg's insert launch and its hop go. Forks on only: forks off, q_concat writes the
+    row."""
+    return v.mla_kv_norm_insert and v.attn_forks
+
+
 def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
     f, merged = v.attn_forks, mla_proj_merges(cfg, v)
     kv = AUX1 if f else MAIN
@@ -368,10 +387,13 @@ def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
     if early_gate:
         items += [Fork(AUX2), _mm(G_PROJ, AUX2)]
     items += [*([] if merged else [_mm(Q_A, MAIN)]), _t(Q_A_NORM, MAIN, "rmsnorm"), _mm(Q_B, MAIN), bmm(ABSORB)]
-    items += [*([] if merged else [_mm(KV_A, kv)]), _t(KV_A_NORM, kv, "rmsnorm")]
+    norm_insert = kv_norm_inserts(cfg, v)
+    items += [*([] if merged else [_mm(KV_A, kv)]),
+              _t(KV_A_NORM, kv, "mla_kv_norm_insert" if norm_insert else "rmsnorm")]
     if f:  # forked: the KV leg writes its cache row itself; unforked: fused into q_concat
-        items += [_t(CACHE_INSERT, kv, "mla_cache_insert"), Join(AUX1)]
-    items.append(_t(Q_CONCAT, MAIN, "mla_q_concat"))
+        items += [*([] if norm_insert else [_t(CACHE_INSERT, kv, "mla_cache_insert")]), Join(AUX1)]
+    if not absorb_concats(cfg, v):
+        items.append(_t(Q_CONCAT, MAIN, "mla_q_concat"))
     gate_leg = f and not merged
     if gate_leg and not early_gate:
         items.append(Fork(AUX2))

@@ -67,6 +67,8 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "mla_q_skinny": ("mla_q_skinny", True),                # with triton_linear: q_a and q_b as split-K skinny GEMMs
     "moe_grouped_tuned": ("moe_grouped_tuned", True),      # the routed grouped GEMMs at moe.GROUPED_CONFIGS' blocks
     "attn_res_wide": ("attn_res_wide", True),              # B = 1: the attention residuals' pair in 1024-column chunks
+    "mla_absorb_concat": ("mla_absorb_concat", True),  # with mla_head_bmm: the absorb writes the FMHA's q rows
+    "mla_kv_norm_insert": ("mla_kv_norm_insert", True),  # the KV leg's RMSNorm writes the cache row itself
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -144,6 +146,10 @@ class Variant:
     attn_res_wide: bool = False      # B = 1: the score and combine in chunks of attn_res.WIDE_BLOCK_H columns
     g_proj_early: bool = False       # the g_proj leg (S2) forks at the MLA segment's start, beside the Q and KV
                                      # chains, not at q_concat beside the FMHA
+    mla_absorb_concat: bool = False  # with mla_head_bmm and the forks: the absorb writes the FMHA's query rows,
+                                     # rope part included, so the Q chain's q_concat launch (and hop) goes
+    mla_kv_norm_insert: bool = False  # with the forks: the KV leg's RMSNorm writes the step's cache row (latent
+                                      # and rope) itself, so the leg's insert launch (and hop) goes
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

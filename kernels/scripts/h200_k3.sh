@@ -227,6 +227,13 @@ C68=$C64+moe_grouped_tuned
 # recording did not fit that session's device time; campaign51 (the next session) passed them: kept,
 # -0.12 to -0.14 ms, k3trace diff -143 us. The campaign build is C69:
 C69=$C68+attn_res_wide
+# Fifteenth round, prepared without a device: two copies leave the MLA path. On c69 the KV leg ended a
+# median 0.35 us before the Q chain's q_concat started, so each leg has to lose its copy hop for the
+# FMHA to start earlier: the absorb writes the query rows (mla_absorb_concat), the KV norm writes the
+# cache row (mla_kv_norm_insert). Both are copies: the same bits (GPU test test_gpu_mla_copies_bitwise).
+C70=$C69+mla_absorb_concat
+C71=$C69+mla_kv_norm_insert
+C72=$C69+mla_absorb_concat+mla_kv_norm_insert
 
 case $phase in
 campaign_test)
@@ -710,6 +717,23 @@ campaign51)  # round 12, to finish: attn_res_wide's GPU tests (its op at the K3 
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $C69 $C68 $C69 $C68 $C69 \
     --json $OUT/step51b.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//'
   bash $0 record_ab c68 c69 ;;
+campaign55)  # round 15, prepared: the two MLA copies' GPU tests (ops, C69 bitwise at B = 1 and 8); the hop
+  # floor; their standalone case; C69 / C70 / C71 / C72 (3 rounds). Then campaign55_rec
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
+    tests/kernels/test_hop_floor.py -k "kv_norm_insert or query_rows or head_bmm or mla_copies or hop or rmsnorm" \
+    2>&1 | tee $OUT/gpu55.log | tail -2
+  timeout 100 python3 bench/hop_floor.py --json $OUT/hops55.json 2>&1 | grep "per hop"
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases mla_copies --json $OUT/ops55_b1.json 2>&1 | grep "  "
+  timeout 330 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C69 $C70 $C71 $C72 $C69 $C70 $C71 \
+    $C72 $C69 $C70 $C71 $C72 --json $OUT/step55.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
+campaign55_rec)  # round 15: c69 and c72 at full depth for k3trace diff, 2 runs each, interleaved (carry .nsys)
+  bash $0 record_ab c69 c72 ;;
+campaign56)  # round 15, prepared: C72 at B = 8 and 64 against C69 (both copies apply at every batch: the
+  # absorb is head_bmm_kernel up to B = 16, the KV norm's insert everywhere)
+  timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C69 $C72 $C69 $C72 $C69 $C72 \
+    --json $OUT/step56_b8.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//'
+  timeout 200 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C69 $C72 $C69 $C72 \
+    --json $OUT/step56_b64.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
 campaign52)  # prepared in round 12, not run: the latency-bound kernels' warps in the step on C68 (@launch=;
   # the defaults: kda_step 8, rmsnorm 8 at 4096 columns, situ_mul 4, moe_router 4, gate_mul 4), 2 rounds of 5 each
   for one in "kda_step_kernel:4 kda_step_kernel:16 rmsnorm_kernel:4 rmsnorm_kernel:16" \

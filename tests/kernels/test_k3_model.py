@@ -51,7 +51,7 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
            "attn_res_fused+residual_separate", "router_align_fused", "mlp_residual_folded",
            "mlp_residual_folded+residual_separate", "pdl_early_trigger", "attn_res_early_rows",
            "prefetch:24", "kda_conv_fused", "moe_sum_norm_fused", "prefetch_leg:8", "pdl_trigger_first",
-           "pdl_early_trigger+pdl_trigger_first", "no_pdl", "pdl_early_trigger+no_pdl"]
+           "pdl_early_trigger+pdl_trigger_first", "no_pdl", "pdl_early_trigger+no_pdl", "mla_kv_norm_insert"]
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
@@ -91,6 +91,8 @@ C64 = f"{DOWN_ATOMIC}+mla_head_bmm+mla_q_skinny"
 #: residuals' pair in wider chunks.
 C68 = f"{C64}+moe_grouped_tuned"
 C69 = f"{C68}+attn_res_wide"
+#: Round fifteen's two hop removals on the MLA path (the same bits as their base).
+MLA_COPIES = "mla_absorb_concat+mla_kv_norm_insert"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -172,7 +174,8 @@ ALL_SWITCHES = "no_attn_forks+kda_norm_separate+residual_separate+router_multipa
 
 
 @cpu
-@pytest.mark.parametrize("name", ["baseline", ALL_SWITCHES, CAMPAIGN])
+@pytest.mark.parametrize("name", ["baseline", ALL_SWITCHES, CAMPAIGN,
+                                  f"triton_linear+mla_head_bmm+mla_q_skinny+{MLA_COPIES}"])
 def test_step_issues_the_plan(name, launch_log):
     model = K3Decode(TINY_BLOCKS, parse(name), "cpu")
     model.step()  # also raises PlanMismatch on any divergence
@@ -254,6 +257,17 @@ def test_linear_prefetch_bitwise_to_triton_linear():
     cfg = TINY_BLOCKS.with_(batch=1)
     assert_same(run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj"), "cpu"), 1),
                 run_steps(K3Decode(cfg, parse("triton_linear+triton_o_proj+linear_prefetch:16"), "cpu"), 1))
+
+
+@cpu
+@pytest.mark.parametrize("batch", [1, 2])
+def test_mla_absorb_concat_bitwise_to_mla_head_bmm(batch):
+    # The query rows from the absorb kernel itself (its output and the rope part copied) are
+    # q_concat's copies: outputs, banks and caches bit for bit, with the KV norm's insert too.
+    cfg = TINY_BLOCKS.with_(batch=batch)
+    base = run_steps(K3Decode(cfg, parse("mla_head_bmm"), "cpu"), 1)
+    for extra in ("mla_absorb_concat", MLA_COPIES):
+        assert_same(base, run_steps(K3Decode(cfg, parse(f"mla_head_bmm+{extra}"), "cpu"), 1))
 
 
 @cpu
@@ -613,6 +627,16 @@ def test_gpu_fmha_early_kv_bitwise(batch):
     # splits, replayed outputs bit for bit with and without fmha_early_kv (compiled, PDL on).
     one_tile = f"{GLUON}+fmha_one_tile"
     assert_same(gpu_replay_outputs(batch, one_tile, steps=3), gpu_replay_outputs(batch, f"{one_tile}+fmha_early_kv", steps=3))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_mla_copies_bitwise(batch):
+    # Compiled, PDL on, the FMHA joined to the KV leg directly: c69's replayed outputs bit for
+    # bit with and without the two copies (c69 without its atomic sums, whose last bits vary).
+    base = C69.replace("+moe_down_atomic", "")
+    assert_same(gpu_replay_outputs(batch, base, steps=3), gpu_replay_outputs(batch, f"{base}+{MLA_COPIES}", steps=3))
 
 
 @cpu

@@ -597,6 +597,40 @@ def _head_bmm_case(NH, B, K, N, gated, seed, heads_first_out):
     close(out, ref)
 
 
+@pytest.mark.parametrize("B,DL,DR", [(3, 64, 16), (2, 512, 64)])
+def test_mla_kv_norm_insert_bitwise(B, DL, DR):
+    """Variant mla_kv_norm_insert: the KV norm storing into the cache rows == rmsnorm then
+    mla_cache_insert, bit for bit (a padded slot skipped, every other row untouched)."""
+    _, _, cache, _, k_rope, slots = _concat_inputs(B, 2, DL, DR, 8, 16, 9)
+    g = gen(10)
+    kv_in = randn(g, B, DL + DR)[:, :DL]  # the latent part of the kv_a output, row-strided
+    w = randn(g, DL)
+    normed = torch.empty(B, DL, device=DEV, dtype=BF)
+    norm.rmsnorm(kv_in, w, normed)
+    two = mla.mla_cache_insert(normed, k_rope, cache.clone(), slots)
+    one = mla.mla_kv_norm_insert(kv_in, w, k_rope, cache.clone(), slots)
+    exact(one, two)
+    assert not torch.equal(two, cache)  # the rows were written
+
+
+@pytest.mark.parametrize("NH,B", [(3, 1), (12, 2)])
+def test_head_bmm_into_query_rows_bitwise(NH, B):
+    """Variant mla_absorb_concat: the absorb storing into the query rows with each head's
+    rope part copied beside it == head_bmm then mla_q_concat, bit for bit."""
+    K, DL, DR = 128, 512, 64
+    g = gen(11 + B)
+    q_b = randn(g, B, NH, K + DR)
+    q_nope, q_rope = q_b[:, :, :K], q_b[:, :, K:]
+    w = randn(g, NH, K, DL, scale=K ** -0.5)
+    q_abs = torch.empty(NH, B, DL, device=DEV, dtype=BF)
+    mla.head_bmm(q_nope.transpose(0, 1), w, q_abs)
+    two = mla.mla_q_concat(q_abs.transpose(0, 1), q_rope, torch.empty(B, NH, DL + DR, device=DEV, dtype=BF))
+    one = torch.full((B, NH, DL + DR), float("nan"), device=DEV, dtype=BF)
+    mla.head_bmm(q_nope.transpose(0, 1), w, one[:, :, :DL].transpose(0, 1),
+                 rope=(q_rope.transpose(0, 1), one[:, :, DL:].transpose(0, 1)))
+    exact(one, two)
+
+
 @pytest.mark.parametrize("NH,B,K,N,gated", [
     (3, 1, 32, 64, False), (3, 3, 64, 32, True), (2, 5, 512, 16, True), (2, 1, 1024, 32, False),
 ])

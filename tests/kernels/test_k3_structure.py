@@ -163,6 +163,8 @@ def test_baseline_counts():
     ("no_pdl", 0),                      # the same launches, plain instead of PDL-style
     ("moe_grouped_tuned", 0),           # the same grouped GEMMs, other blocks
     ("attn_res_wide", 0),               # the same pair, wider chunks (B = 1)
+    ("mla_absorb_concat", 0),           # needs mla_head_bmm (below)
+    ("mla_kv_norm_insert", -24),        # the KV leg's insert, now in its norm
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -185,6 +187,31 @@ def test_mla_head_bmm_takes_the_two_bmms_and_gate_in_v_the_gate_mul():
     assert order.index(("Join", P.AUX2)) == order.index(("Launch", P.V_UP)) - 1
     b64 = FULL.with_(batch=64)
     assert P.build_plan(b64, parse("mla_head_bmm+mla_gate_in_v")).segments == P.build_plan(b64).segments
+
+
+def test_mla_absorb_concat_and_kv_norm_insert_take_the_two_copies():
+    # B = 1 on mla_head_bmm: the absorb writes the query rows (q_concat goes, the KV leg then
+    # joins right before the FMHA); the KV norm writes the cache row (cache_insert goes, its
+    # launch is the norm's kernel). Forks off: q_concat writes the row, neither applies;
+    # B = 64: the absorb is cuBLAS's BMM, only the norm's change applies.
+    hb = P.build_plan(FULL, parse("mla_head_bmm"))
+    both = P.build_plan(FULL, parse("mla_head_bmm+mla_absorb_concat+mla_kv_norm_insert"))
+    assert (hb.triton_kernel_names() - both.triton_kernel_names()) == Counter({"mla_q_concat_kernel": 48})
+    assert both.triton_kernel_names() - hb.triton_kernel_names() == Counter()
+    assert both.cublas_calls == hb.cublas_calls
+    mla = next(seg for seg in both.segments if seg.family == "mla")
+    order = [(type(i).__name__, getattr(i, "subop", getattr(i, "side", ""))) for i in mla.items]
+    assert ("Launch", P.Q_CONCAT) not in order and ("Launch", P.CACHE_INSERT) not in order
+    # Nothing on main between the KV leg's join and the FMHA (the gate leg forks there).
+    between = order[order.index(("Join", P.AUX1)) + 1:order.index(("Launch", P.FMHA))]
+    assert between == [("Fork", P.AUX2), ("Launch", P.G_PROJ)]
+    norm = next(l for l in mla.launches if l.subop == P.KV_A_NORM)
+    assert (norm.stream, norm.launcher, norm.kernels) == (P.AUX1, "mla_kv_norm_insert", ("rmsnorm_kernel",))
+    forks_off = "no_attn_forks+mla_head_bmm"
+    assert (P.build_plan(FULL, parse(f"{forks_off}+mla_absorb_concat+mla_kv_norm_insert")).segments
+            == P.build_plan(FULL, parse(forks_off)).segments)
+    b64 = FULL.with_(batch=64)
+    assert P.build_plan(b64, parse("mla_head_bmm+mla_absorb_concat")).segments == P.build_plan(b64).segments
 
 
 def test_g_proj_early_forks_the_gate_leg_with_the_kv_leg():
@@ -360,6 +387,10 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.KDA_NORM)
         if seg.family == "mla" and not v.attn_forks:
             ops.append(P.CACHE_INSERT)  # fused into q_concat
+        if seg.family == "mla" and P.kv_norm_inserts(cfg, v):
+            ops.append(P.CACHE_INSERT)  # the KV norm stores the row itself
+        if seg.family == "mla" and P.absorb_concats(cfg, v):
+            ops.append(P.Q_CONCAT)  # the absorb stores the query rows itself
         if seg.family == "moe" and v.router_fork:
             ops.remove(P.ROUTER_GEMV)  # the front's router columns, read on their own
         if P.SCORE_COMBINE in ops:  # attn_res_fused: both sub-ops in one launch

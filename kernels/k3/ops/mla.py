@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels.k3.ops.common import DOT_F32, cdiv, dot, launch, next_pow2, pdl_trigger, pdl_wait, spin, to_dtype
+from kernels.k3.ops.norm import rmsnorm
 
 SPLIT = 3
 FMHA_BLOCK_N = 32
@@ -141,6 +142,20 @@ def mla_cache_insert(kv_latent: torch.Tensor, k_rope: torch.Tensor, cache: torch
     rows = _cache_rows(cache, DL + DR)
     _launch_concat(B, 0, DL, DR, 1, None, None, None, kv_latent, k_rope, rows, slot_mapping,
                    True, True, delay_ns)
+    return cache
+
+
+def mla_kv_norm_insert(kv_latent_in: torch.Tensor, weight: torch.Tensor, k_rope: torch.Tensor,
+                       cache: torch.Tensor, slot_mapping: torch.Tensor, eps: float = 1e-6, *,
+                       delay_ns: int = 0) -> torch.Tensor:
+    """Variant mla_kv_norm_insert: cache_row[slot_mapping[b]] = [RMSNorm(kv_latent_in[b]) |
+    k_rope[b]] in one launch, the kv_a RMSNorm storing where mla_cache_insert would copy its
+    output to (the same bits: one rounding of the same fp32 math, then copies)."""
+    B, DL = kv_latent_in.shape
+    DR = k_rope.shape[1]
+    assert k_rope.shape == (B, DR) and slot_mapping.shape == (B,)
+    rmsnorm(kv_latent_in, weight, _cache_rows(cache, DL + DR), eps, rows=slot_mapping, tail=k_rope,
+            delay_ns=delay_ns)
     return cache
 
 
@@ -388,8 +403,9 @@ def gate_mul(o: torch.Tensor, g: torch.Tensor, out: torch.Tensor, *, delay_ns: i
 # --------------------------------------------------------------------------------------
 @triton.jit
 def head_bmm_kernel(a, w, out, g, stride_ah, stride_ab, stride_oh, stride_ob, stride_gb, B,
+                    r_src, r_dst, stride_rsh, stride_rsb, stride_rdh, stride_rdb,
                     K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, GATE: tl.constexpr, DOT_F32: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GATE: tl.constexpr, ROPE: tl.constexpr, DOT_F32: tl.constexpr,
                     USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # One program per (head, BLOCK_N output columns), every token of the batch in its MMA
     # rows. The weights are static, so the first K block of them is loaded before the wait.
@@ -401,6 +417,17 @@ def head_bmm_kernel(a, w, out, g, stride_ah, stride_ab, stride_oh, stride_ob, st
     wh = w + h.to(tl.int64) * K * N
     w0 = tl.load(wh + ks[:, None] * N + ns[None, :])
     pdl_wait(USE_PDL)
+    if ROPE > 0:
+        # mla_absorb_concat: `out` is the FMHA's query rows, and each head's first program
+        # also copies the head's rope part (ROPE wide) after the latent (q_concat's copy). Its
+        # loads issue here, beside the first MMA's.
+        if tl.program_id(1) == 0:
+            rs = tl.arange(0, ROPE)
+            rm = bm[:, None] & (rs[None, :] < ROPE)
+            rope = tl.load(r_src + h.to(tl.int64) * stride_rsh + bs[:, None].to(tl.int64) * stride_rsb + rs[None, :],
+                           mask=rm, other=0.0)
+            tl.store(r_dst + h.to(tl.int64) * stride_rdh + bs[:, None].to(tl.int64) * stride_rdb + rs[None, :],
+                     rope, mask=rm)
     ah = a + h.to(tl.int64) * stride_ah + bs[:, None].to(tl.int64) * stride_ab
     acc = dot(tl.load(ah + ks[None, :], mask=bm[:, None], other=0.0), w0,
               tl.zeros([BLOCK_B, BLOCK_N], tl.float32), DOT_F32)
@@ -425,12 +452,14 @@ HEAD_BMM_TILE_BYTES = 16384
 
 
 def head_bmm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, gate: torch.Tensor | None = None,
-             delay_ns: int = 0) -> torch.Tensor:
+             rope: tuple[torch.Tensor, torch.Tensor] | None = None, delay_ns: int = 0) -> torch.Tensor:
     """out[h] = a[h] @ w[h] for a [NH, B, K], w [NH, K, N] (contiguous), out [NH, B, N]; a
     and out may be strided views (the token and head axes in either order). With `gate`
     ([B, NH * N], variant mla_gate_in_v) out = (a @ w) * sigmoid(gate), gate_mul's product
     in this kernel's epilogue. fp32 accumulation, one bf16 rounding: near torch.bmm (and
-    its gate_mul), not bit for bit. B <= 16 (the batch rides in the MMA's rows)."""
+    its gate_mul), not bit for bit. B <= 16 (the batch rides in the MMA's rows).
+    With `rope` = (src, dst), both [NH, B, R] views (variant mla_absorb_concat: q_b's rope
+    part and the query rows' tail), the kernel also copies src into dst."""
     NH, B, K = a.shape
     N = w.shape[2]
     assert w.shape == (NH, K, N) and w.is_contiguous() and out.shape == (NH, B, N)
@@ -440,8 +469,14 @@ def head_bmm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, gate: torch
     assert N % bn == 0 and K % bk == 0 and bk == next_pow2(bk)
     if gate is not None:
         assert gate.shape == (B, NH * N) and gate.stride(1) == 1
+    r_src, r_dst = rope if rope is not None else (out, out)
+    R = r_src.shape[2] if rope is not None else 0
+    if rope is not None:
+        assert r_src.shape == r_dst.shape == (NH, B, R) and R == next_pow2(R)
+        assert r_src.stride(2) == 1 and r_dst.stride(2) == 1
     launch(head_bmm_kernel, (NH, N // bn), a, w, out, gate if gate is not None else out,
            a.stride(0), a.stride(1), out.stride(0), out.stride(1), gate.stride(0) if gate is not None else 0, B,
-           K=K, N=N, BLOCK_B=16, BLOCK_N=bn, BLOCK_K=bk, GATE=gate is not None, DOT_F32=DOT_F32,
+           r_src, r_dst, r_src.stride(0), r_src.stride(1), r_dst.stride(0), r_dst.stride(1),
+           K=K, N=N, BLOCK_B=16, BLOCK_N=bn, BLOCK_K=bk, GATE=gate is not None, ROPE=R, DOT_F32=DOT_F32,
            num_warps=4, delay_ns=delay_ns)
     return out
