@@ -734,6 +734,12 @@ campaign56)  # round 15, prepared: C72 at B = 8 and 64 against C69 (both copies 
     --json $OUT/step56_b8.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//'
   timeout 200 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C69 $C72 $C69 $C72 \
     --json $OUT/step56_b64.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
+campaign57)  # round 15, prepared, after campaign55: on C72, what its copies may have exposed. The KV leg ends
+  # later than the Q chain without them: kv_a as the split-K skinny GEMM too (its cuBLAS reduce kernel goes);
+  # and V-up with the gate (mla_gate_in_v, even on c57), 3 rounds
+  one="$C72+triton_mla_proj@mlasub=kv_a $C72+mla_gate_in_v"
+  timeout 250 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 $one \
+    --json $OUT/step57.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
 campaign52)  # prepared in round 12, not run: the latency-bound kernels' warps in the step on C68 (@launch=;
   # the defaults: kda_step 8, rmsnorm 8 at 4096 columns, situ_mul 4, moe_router 4, gate_mul 4), 2 rounds of 5 each
   for one in "kda_step_kernel:4 kda_step_kernel:16 rmsnorm_kernel:4 rmsnorm_kernel:16" \
