@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -70,26 +69,11 @@ def _mode(mode: str):
     return early_trigger(mode == "pdl early")
 
 
-def per_replay_us(fn, replays: int = 30) -> float:
-    """Median replay time of a graph of `fn()`'s launches."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: compile
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(replays + 3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times[3:])
+def per_replay_us(fn) -> float:
+    """Median replay time of a graph of `fn()`'s launches (bench_k3_ops.py's timing, one call)."""
+    from bench_k3_ops import per_call_us  # bench/ is the script's directory
+
+    return per_call_us(lambda i: fn(), 1, replays=30)
 
 
 def k3_chains(hops: int) -> dict[str, float]:
