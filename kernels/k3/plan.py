@@ -363,8 +363,9 @@ def absorb_concats(cfg: K3Config, v: Variant) -> bool:
     the FMHA's query rows and copies each head's rope part beside it, so q_concat's launch
     and its hop leave the Q chain. Forks on only: forks off, q_concat also writes the cache
     row. The KV leg then joins the FMHA itself (a plain edge beside the absorb's PDL one).
-    On c69 the KV leg ended a median 0.35 us before q_concat started (kernels/README.md,
-    round fifteen), so the Q chain alone gains little without mla_kv_norm_insert."""
+    On c69 the KV leg ended a median 0.35 us before q_concat started, so the FMHA starts
+    where q_concat did: k3trace whatif predicts -33 us per step (kernels/README.md, round
+    fifteen)."""
     return v.mla_absorb_concat and head_bmms(cfg, v) and v.attn_forks
 
 
@@ -372,7 +373,7 @@ def kv_norm_inserts(cfg: K3Config, v: Variant) -> bool:
     """mla_kv_norm_insert: the KV leg's RMSNorm stores the normalised latent and the rope
     part straight into the step's cache row (mla_kv_norm_insert, the same rmsnorm_kernel),
     so the leg's insert launch and its hop go. Forks on only: forks off, q_concat writes the
-    row."""
+    row. Off c69's path (the leg has 0.35 us of slack there); for when the Q chain shortens."""
     return v.mla_kv_norm_insert and v.attn_forks
 
 

@@ -227,10 +227,10 @@ C68=$C64+moe_grouped_tuned
 # recording did not fit that session's device time; campaign51 (the next session) passed them: kept,
 # -0.12 to -0.14 ms, k3trace diff -143 us. The campaign build is C69:
 C69=$C68+attn_res_wide
-# Fifteenth round, prepared without a device: two copies leave the MLA path. On c69 the KV leg ended a
-# median 0.35 us before the Q chain's q_concat started, so each leg has to lose its copy hop for the
-# FMHA to start earlier: the absorb writes the query rows (mla_absorb_concat), the KV norm writes the
-# cache row (mla_kv_norm_insert). Both are copies: the same bits (GPU test test_gpu_mla_copies_bitwise).
+# Fifteenth round, prepared without a device: two copies leave the MLA path. The absorb writes the query
+# rows (mla_absorb_concat: k3trace whatif --remove on c69 predicts -33 us), the KV norm writes the cache
+# row (mla_kv_norm_insert: predicted 0, the KV leg ends 0.35 us before q_concat starts; for when the Q
+# chain shortens). Both are copies: the same bits (GPU test test_gpu_mla_copies_bitwise).
 C70=$C69+mla_absorb_concat
 C71=$C69+mla_kv_norm_insert
 C72=$C69+mla_absorb_concat+mla_kv_norm_insert
