@@ -373,8 +373,8 @@ def kv_norm_inserts(cfg: K3Config, v: Variant) -> bool:
     """mla_kv_norm_insert: the KV leg's RMSNorm stores the normalised latent and the rope
     part straight into the step's cache row (mla_kv_norm_insert, the same rmsnorm_kernel),
     so the leg's insert launch and its hop go. Forks on only: forks off, q_concat writes the
-    row. On c69 the leg ends 0.35 us before q_concat starts: off the path as k3trace reads it,
-    on it if the join is what releases q_concat (kernels/README.md, round fifteen)."""
+    row. On c69 the leg ends 0.35 us before q_concat starts, off the path (k3trace whatif: 0);
+    it matters once the Q chain is shorter than the leg (kernels/README.md, round fifteen)."""
     return v.mla_kv_norm_insert and v.attn_forks
 
 

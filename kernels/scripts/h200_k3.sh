@@ -229,8 +229,8 @@ C68=$C64+moe_grouped_tuned
 C69=$C68+attn_res_wide
 # Fifteenth round, prepared without a device: two copies leave the MLA path. The absorb writes the query
 # rows (mla_absorb_concat: k3trace whatif --remove on c69 predicts -33 us), the KV norm writes the cache
-# row (mla_kv_norm_insert: predicted 0, the KV leg ends 0.35 us before q_concat starts, unless that join
-# is what releases q_concat). Both are copies: the same bits (GPU test test_gpu_mla_copies_bitwise).
+# row (mla_kv_norm_insert: predicted 0, the KV leg ends 0.35 us before q_concat starts; the control, and
+# for when the Q chain is shorter). Both are copies: the same bits (GPU test test_gpu_mla_copies_bitwise).
 C70=$C69+mla_absorb_concat
 C71=$C69+mla_kv_norm_insert
 C72=$C69+mla_absorb_concat+mla_kv_norm_insert
