@@ -454,15 +454,18 @@ def mla_round(B: int, calls: int) -> dict[str, float]:
     return res
 
 
-def mla_copies(B: int, calls: int) -> dict[str, float]:
-    """Variants mla_absorb_concat and mla_kv_norm_insert at the K3 shapes, back to back and one
-    call at a time (weight copies rotated past the L2): the Q chain's tail (the absorb ->
-    q_concat, or the absorb into the query rows with the rope part) and the KV leg (kv_a by
-    cuBLAS -> RMSNorm -> insert, or the norm into the cache row), each alone, then both legs as
-    the step runs them: the KV leg forked on S1 at the start, joined before a 1-warp reader of
-    the query rows (the FMHA's place; q_concat, when there is one, reads them after the join)."""
+def mla_hops(B: int, calls: int) -> dict[str, float]:
+    """Variants mla_absorb_concat, mla_kv_norm_insert and mla_gate_in_o_proj at the K3 shapes,
+    back to back and one call at a time (weight copies rotated past the L2): the Q chain's tail
+    (the absorb -> q_concat, or the absorb into the query rows with the rope part) and the KV
+    leg (kv_a by cuBLAS -> RMSNorm -> insert, or the norm into the cache row), each alone, then
+    both legs as the step runs them: the KV leg forked on S1 at the start, joined before a
+    one-program reader of the query rows (the FMHA's place; q_concat, when there is one, reads
+    them after the join). Last, the output tail: V-up -> gate_mul -> the skinny o_proj, or
+    V-up -> the o_proj gating its own operand."""
     from kernels.k3.config import K3Config
-    from kernels.k3.ops.mla import head_bmm, mla_cache_insert, mla_kv_norm_insert, mla_q_concat
+    from kernels.k3.ops.gemv import skinny_mm
+    from kernels.k3.ops.mla import gate_mul, head_bmm, mla_cache_insert, mla_kv_norm_insert, mla_q_concat
     from kernels.k3.ops.norm import rmsnorm
     from kernels.streams import fork, join
 
@@ -520,10 +523,33 @@ def mla_copies(B: int, calls: int) -> dict[str, float]:
              "mla_absorb_concat: both legs -> reader": lambda i: both(i, True, False),
              "mla_kv_norm_insert: both legs -> reader": lambda i: both(i, False, True),
              "mla_absorb_concat+mla_kv_norm_insert: both legs -> reader": lambda i: both(i, True, True)}
+    # The output tail: V-up (head_bmm) -> [gate_mul] -> o_proj (skinny, 22 MB: its copies set
+    # the rotation here).
+    w_uv = [torch.randn(NH, DL, cfg.v_head, device="cuda", dtype=BF, generator=g) * 0.05 for _ in range(copies)]
+    o_copies = _copies(cfg.mla_out_width * H * 2)
+    w_o = [torch.randn(cfg.mla_out_width, H, device="cuda", dtype=BF, generator=g) * cfg.mla_out_width ** -0.5
+           for _ in range(o_copies)]
+    lat = torch.randn(NH, B, DL, device="cuda", dtype=BF, generator=g)
+    gate = torch.randn(B, cfg.mla_out_width, device="cuda", dtype=BF, generator=g)
+    o = torch.empty(B, NH, cfg.v_head, device="cuda", dtype=BF)
+    gated = torch.empty(B, cfg.mla_out_width, device="cuda", dtype=BF)
+    attn_out = torch.empty(B, H, device="cuda", dtype=BF)
+
+    def out_tail(i, fused):
+        head_bmm(lat, w_uv[i % copies], o.transpose(0, 1))
+        if fused:
+            skinny_mm(o.view(B, -1), w_o[i % o_copies], attn_out, gate=gate)
+        else:
+            gate_mul(o.view(B, -1), gate, gated)
+            skinny_mm(gated, w_o[i % o_copies], attn_out)
+
+    forms["c69: V-up -> gate_mul -> o_proj"] = lambda i: out_tail(i, False)
+    forms["mla_gate_in_o_proj: V-up -> o_proj with the gate"] = lambda i: out_tail(i, True)
     res = {}
     for name, fn in forms.items():
+        n = o_copies if "o_proj" in name else copies
         res[name] = per_call_us(fn, calls)
-        res[f"{name}, one call"] = single_call_us(fn, copies)
+        res[f"{name}, one call"] = single_call_us(fn, n)
     return res
 
 
@@ -1284,7 +1310,9 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "mla_absorb_concat": (24, "c69: both legs -> reader, one call", "mla_absorb_concat: both legs -> reader, one call"),
            "mla_kv_norm_insert": (24, "c69: both legs -> reader, one call", "mla_kv_norm_insert: both legs -> reader, one call"),
            "mla_absorb_concat+mla_kv_norm_insert": (24, "c69: both legs -> reader, one call",
-                                                    "mla_absorb_concat+mla_kv_norm_insert: both legs -> reader, one call")}
+                                                    "mla_absorb_concat+mla_kv_norm_insert: both legs -> reader, one call"),
+           "mla_gate_in_o_proj": (24, "c69: V-up -> gate_mul -> o_proj, one call",
+                                  "mla_gate_in_o_proj: V-up -> o_proj with the gate, one call")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
@@ -1292,8 +1320,8 @@ CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fu
            "latent_norm_folded": "moe_tail_fused", "moe_sum_norm_fused": "moe_tail_fused",
            "fmha_one_tile": "mla_round", "fmha_early_kv": "mla_round", "mla_head_bmm (absorb)": "mla_round",
            "mla_head_bmm (V-up)": "mla_round", "mla_gate_in_v": "mla_round",
-           "mla_absorb_concat": "mla_copies", "mla_kv_norm_insert": "mla_copies",
-           "mla_absorb_concat+mla_kv_norm_insert": "mla_copies"}
+           "mla_absorb_concat": "mla_hops", "mla_kv_norm_insert": "mla_hops",
+           "mla_absorb_concat+mla_kv_norm_insert": "mla_hops", "mla_gate_in_o_proj": "mla_hops"}
 
 
 def main() -> int:
@@ -1330,7 +1358,7 @@ def main() -> int:
             "shared_up": lambda: shared_up(B, args.calls),
             "mla_round": lambda: mla_round(B, args.calls),
             "mla_q_skinny": lambda: mla_q_chain(B, args.calls),
-            "mla_copies": lambda: mla_copies(B, args.calls),
+            "mla_hops": lambda: mla_hops(B, args.calls),
             "moe_grouped_tuned": lambda: grouped_tuned(B, args.calls),
             "attn_res_wide": lambda: attn_res_wide(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}

@@ -516,9 +516,11 @@ class K3Decode:
             return self._split_k[self._label]
         return None
 
-    def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+    def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+            gate: torch.Tensor | None = None) -> None:
         v = self.variant
         if P.linear_is_gluon(self.cfg, v, subop, self._seg.family):
+            assert gate is None
             self._triton(subop, skinny_ws if v.linear_ws else skinny_gl, a, w, out)
             return
         if P.linear_is_triton(self.cfg, v, subop):
@@ -526,8 +528,9 @@ class K3Decode:
             config = gemv_ops.TMA_CONFIGS.get(tuple(w.shape)) if tma and v.linear_tma_tuned else None
             self._triton(subop, skinny_mm, a, w, out, early_weights=v.linear_early_weights,
                          split_k=self._split_for(subop), tma=tma, config=config,
-                         prefetch_bytes=v.linear_prefetch_mb << 20)
+                         prefetch_bytes=v.linear_prefetch_mb << 20, **({"gate": gate} if gate is not None else {}))
             return
+        assert gate is None
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
         with self._subop(subop):
             torch.mm(a, w, out=out)
@@ -586,16 +589,17 @@ class K3Decode:
         # partial row; any other layer's output is added in the pre-MLP segment.
         return self._partial(l) if self.cfg.opens_block(l) else self.s.attn_out
 
-    def _o_proj(self, l: int, a: torch.Tensor, w: torch.Tensor) -> None:
+    def _o_proj(self, l: int, a: torch.Tensor, w: torch.Tensor, gate: torch.Tensor | None = None) -> None:
         """The attention's output projection; under attn_res_in_o_proj its epilogue also does
-        the pre-MLP score's work (plan.score_in_o_proj)."""
+        the pre-MLP score's work (plan.score_in_o_proj); with `gate` (mla_gate_in_o_proj) its
+        operand is a * sigmoid(gate)."""
         out = self._attn_out(l)
         if not P.score_in_o_proj(self.cfg, self.variant):
-            self._mm(P.O_PROJ, a, w, out)
+            self._mm(P.O_PROJ, a, w, out, gate=gate)
             return
         n = self.cfg.bank_rows(l, "mlp")
         gram = (self.bank, n, self.layers[l].pre_mlp.query, self.gemm_scores, not self.cfg.opens_block(l))
-        self._triton(P.O_PROJ, skinny_mm, a, w, out, gram=gram)
+        self._triton(P.O_PROJ, skinny_mm, a, w, out, gram=gram, **({"gate": gate} if gate is not None else {}))
 
     def _attn_res(self, l: int, site: str, w: AttnResWeights) -> None:
         cfg, s = self.cfg, self.s
@@ -750,10 +754,13 @@ class K3Decode:
             self._head_bmm(P.V_UP, s.attn_lat, w.w_uv, v_out.transpose(0, 1), gate=s.g if gated else None)
             if not merged and not gated:
                 self._join(gate)
-            if not gated:
-                self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
-                             s.mla_gated)
-            self._o_proj(l, s.mla_gated, w.o_proj)
+            if P.gate_in_o_proj(cfg, v):  # the o_proj gates its own operand
+                self._o_proj(l, s.mla_o.view(B, cfg.mla_out_width), w.o_proj, gate=s.g)
+            else:
+                if not gated:
+                    self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
+                                 s.mla_gated)
+                self._o_proj(l, s.mla_gated, w.o_proj)
             self._all_reduce()
 
     def _moe(self, l: int, w: MoELayer) -> None:

@@ -358,6 +358,17 @@ def g_proj_early(cfg: K3Config, v: Variant) -> bool:
     return v.g_proj_early and v.attn_forks and not mla_proj_merges(cfg, v)
 
 
+def gate_in_o_proj(cfg: K3Config, v: Variant) -> bool:
+    """mla_gate_in_o_proj: where the MLA o_proj is the skinny Triton GEMM (not the Gluon one)
+    and V-up does not take the gate already (mla_gate_in_v), the o_proj forms its operand
+    o * sigmoid(g) as it loads each K block, rounded as gate_mul stores it (bit for bit), so
+    the gate_mul launch and its hop go. Unlike mla_gate_in_v, the g_proj leg still joins
+    right before the o_proj, where gate_mul joined it (mla_gate_in_v moved that join up to
+    V-up and measured even on c57). k3trace whatif --remove gate_mul_kernel on c69: -18 us."""
+    return (v.mla_gate_in_o_proj and not gate_in_v(cfg, v) and linear_is_triton(cfg, v, O_PROJ)
+            and not linear_is_gluon(cfg, v, O_PROJ, MLA))
+
+
 def absorb_concats(cfg: K3Config, v: Variant) -> bool:
     """mla_absorb_concat: with head_bmms, the absorb kernel stores its output straight into
     the FMHA's query rows and copies each head's rope part beside it, so q_concat's launch
@@ -409,7 +420,7 @@ def mla_items(cfg: K3Config, v: Variant) -> list[Item]:
     items.append(bmm(V_UP))
     if gate_leg and not gated:
         items.append(Join(AUX2))
-    if not gated:
+    if not gated and not gate_in_o_proj(cfg, v):
         items.append(_t(GATE_MUL, MAIN, "gate_mul"))
     items += [_mm(O_PROJ, MAIN), AllReduce()]
     return items

@@ -69,6 +69,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "attn_res_wide": ("attn_res_wide", True),              # B = 1: the attention residuals' pair in 1024-column chunks
     "mla_absorb_concat": ("mla_absorb_concat", True),  # with mla_head_bmm: the absorb writes the FMHA's q rows
     "mla_kv_norm_insert": ("mla_kv_norm_insert", True),  # the KV leg's RMSNorm writes the cache row itself
+    "mla_gate_in_o_proj": ("mla_gate_in_o_proj", True),  # the skinny o_proj forms o * sigmoid(g) as it loads
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -150,6 +151,9 @@ class Variant:
                                      # rope part included, so the Q chain's q_concat launch (and hop) goes
     mla_kv_norm_insert: bool = False  # with the forks: the KV leg's RMSNorm writes the step's cache row (latent
                                       # and rope) itself, so the leg's insert launch (and hop) goes
+    mla_gate_in_o_proj: bool = False  # with the MLA o_proj a skinny Triton GEMM: its operand is o * sigmoid(g),
+                                      # formed as it loads, so the gate_mul launch (and hop) goes; the g_proj
+                                      # leg still joins before the o_proj
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0

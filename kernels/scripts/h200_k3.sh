@@ -230,10 +230,13 @@ C69=$C68+attn_res_wide
 # Fifteenth round, prepared without a device: two copies leave the MLA path. The absorb writes the query
 # rows (mla_absorb_concat: k3trace whatif --remove on c69 predicts -33 us), the KV norm writes the cache
 # row (mla_kv_norm_insert: predicted 0, the KV leg ends 0.35 us before q_concat starts; the control, and
-# for when the Q chain is shorter). Both are copies: the same bits (GPU test test_gpu_mla_copies_bitwise).
+# for when the Q chain is shorter). Both are copies: the same bits (GPU test test_gpu_mla_hops_bitwise).
 C70=$C69+mla_absorb_concat
 C71=$C69+mla_kv_norm_insert
 C72=$C69+mla_absorb_concat+mla_kv_norm_insert
+# And gate_mul's product in the skinny o_proj's operand load, the g_proj join kept before the o_proj
+# (mla_gate_in_o_proj: whatif -18 us on c69; mla_gate_in_v, which moved that join up to V-up, was even).
+C73=$C72+mla_gate_in_o_proj
 
 case $phase in
 campaign_test)
@@ -717,27 +720,28 @@ campaign51)  # round 12, to finish: attn_res_wide's GPU tests (its op at the K3 
   timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C68 $C69 $C68 $C69 $C68 $C69 \
     --json $OUT/step51b.json 2>&1 | grep "B=" | sed 's/.*mla_q_skinny//'
   bash $0 record_ab c68 c69 ;;
-campaign55)  # round 15, prepared: the two MLA copies' GPU tests (ops, C69 bitwise at B = 1 and 8); the hop
-  # floor; their standalone case; C69 / C70 / C71 / C72 (3 rounds). Then campaign55_rec
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
-    tests/kernels/test_hop_floor.py -k "kv_norm_insert or query_rows or head_bmm or mla_copies or hop or rmsnorm" \
-    2>&1 | tee $OUT/gpu55.log | tail -2
+campaign55)  # round 15, prepared: the MLA hop removals' GPU tests (ops; C69 bitwise at B = 1 and 8), the hop
+  # floor, their standalone case (mla_hops). Then campaign55_step and campaign55_rec
+  timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_k3_model.py \
+    tests/kernels/test_gemv.py tests/kernels/test_hop_floor.py \
+    -k "kv_norm_insert or query_rows or head_bmm or mla_hops or skinny_mm_k3 or hop or rmsnorm" 2>&1 | tee $OUT/gpu55.log | tail -2
   timeout 100 python3 bench/hop_floor.py --json $OUT/hops55.json 2>&1 | grep "per hop"
-  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases mla_copies --json $OUT/ops55_b1.json 2>&1 | grep "  "
-  timeout 330 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C69 $C70 $C71 $C72 $C69 $C70 $C71 \
-    $C72 $C69 $C70 $C71 $C72 --json $OUT/step55.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
-campaign55_rec)  # round 15: c69 and c72 at full depth for k3trace diff, 2 runs each, interleaved (carry .nsys)
-  bash $0 record_ab c69 c72 ;;
-campaign56)  # round 15, prepared: C72 at B = 8 and 64 against C69 (both copies apply at every batch: the
-  # absorb is head_bmm_kernel up to B = 16, the KV norm's insert everywhere)
-  timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C69 $C72 $C69 $C72 $C69 $C72 \
+  timeout 200 python3 bench/bench_k3_ops.py --batch 1 --cases mla_hops --json $OUT/ops55_b1.json 2>&1 | grep "  " ;;
+campaign55_step)  # round 15: C69 / C70 / C71 / C72 / C73 unprofiled, 3 rounds
+  timeout 550 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C69 $C70 $C71 $C72 $C73 $C69 $C70 \
+    $C71 $C72 $C73 $C69 $C70 $C71 $C72 $C73 --json $OUT/step55.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
+campaign55_rec)  # round 15: c69 and c73 at full depth for k3trace diff, 2 runs each, interleaved (carry .nsys)
+  bash $0 record_ab c69 c73 ;;
+campaign56)  # round 15, prepared: C73 at B = 8 and 64 against C69 (the absorb's copy and the o_proj's gate
+  # apply up to B = 16, the KV norm's insert at every batch)
+  timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C69 $C73 $C69 $C73 $C69 $C73 \
     --json $OUT/step56_b8.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//'
-  timeout 200 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C69 $C72 $C69 $C72 \
+  timeout 200 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C69 $C73 $C69 $C73 \
     --json $OUT/step56_b64.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
-campaign57)  # round 15, prepared, after campaign55: on C72, what its copies may have exposed. The KV leg ends
-  # later than the Q chain without them: kv_a as the split-K skinny GEMM too (its cuBLAS reduce kernel goes);
-  # and V-up with the gate (mla_gate_in_v, even on c57), 3 rounds
-  one="$C72+triton_mla_proj@mlasub=kv_a $C72+mla_gate_in_v"
+campaign57)  # round 15, prepared, after campaign55: on C72, kv_a as the split-K skinny GEMM too (its cuBLAS
+  # reduce kernel leaves the KV leg, for when that leg binds); V-up with the gate (mla_gate_in_v, even on
+  # c57) against the o_proj with it (C73), 3 rounds
+  one="$C72+triton_mla_proj@mlasub=kv_a $C72+mla_gate_in_v $C73"
   timeout 250 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 $one \
     --json $OUT/step57.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
 campaign52)  # prepared in round 12, not run: the latency-bound kernels' warps in the step on C68 (@launch=;

@@ -57,6 +57,29 @@ def run_skinny(B, K, N, device, w_cols=None):
     skinny_mm(x, w, pre, prefetch_bytes=K * w.stride(0) * 2 + 4096)  # more than its rows span
     assert torch.equal(pre, out)
     run_split(x, w, out)
+    run_gated(x, w, g)
+
+
+def run_gated(x, w, g):
+    """Variant mla_gate_in_o_proj: the GEMM gating its own operand == gate_mul then the GEMM,
+    bit for bit (the operand rounded alike), by pointer loads, with the first block before the
+    wait, by TMA, and split over K."""
+    from kernels.k3.ops.gemv import alloc_split_k, skinny_mm
+    from kernels.k3.ops.mla import gate_mul
+
+    B, K = x.shape
+    gate = torch.randn(B, K + 4, generator=g).to(x.device, torch.bfloat16)[:, 2:K + 2]  # a strided view
+    gated = torch.empty_like(x)
+    gate_mul(x, gate, gated)
+    buf = alloc_split_k(w.shape[1], x.device)
+    forms = [{}, {"early_weights": True}, {"config": (32, 64, 4, 2), "split_k": buf, "splits": 3}]
+    if w.data_ptr() % 16 == 0 and w.stride(0) % 8 == 0:
+        forms.append({"tma": True})
+    for kw in forms:
+        two, one = (torch.empty(B, w.shape[1], device=x.device, dtype=torch.bfloat16) for _ in range(2))
+        skinny_mm(gated, w, two, **kw)
+        skinny_mm(x, w, one, gate=gate, **kw)
+        assert torch.equal(one, two), kw
 
 
 def run_split(x, w, unsplit, splits=(2, 3, 5)):

@@ -91,8 +91,10 @@ C64 = f"{DOWN_ATOMIC}+mla_head_bmm+mla_q_skinny"
 #: residuals' pair in wider chunks.
 C68 = f"{C64}+moe_grouped_tuned"
 C69 = f"{C68}+attn_res_wide"
-#: Round fifteen's two hop removals on the MLA path (the same bits as their base).
+#: Round fifteen's hop removals on the MLA path (the same bits as their base): two copies,
+#: and gate_mul's product in the o_proj's operand load.
 MLA_COPIES = "mla_absorb_concat+mla_kv_norm_insert"
+MLA_HOPS = f"{MLA_COPIES}+mla_gate_in_o_proj"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -175,7 +177,7 @@ ALL_SWITCHES = "no_attn_forks+kda_norm_separate+residual_separate+router_multipa
 
 @cpu
 @pytest.mark.parametrize("name", ["baseline", ALL_SWITCHES, CAMPAIGN,
-                                  f"triton_linear+mla_head_bmm+mla_q_skinny+{MLA_COPIES}"])
+                                  f"triton_linear+triton_o_proj+mla_head_bmm+mla_q_skinny+{MLA_HOPS}"])
 def test_step_issues_the_plan(name, launch_log):
     model = K3Decode(TINY_BLOCKS, parse(name), "cpu")
     model.step()  # also raises PlanMismatch on any divergence
@@ -268,6 +270,16 @@ def test_mla_absorb_concat_bitwise_to_mla_head_bmm(batch):
     base = run_steps(K3Decode(cfg, parse("mla_head_bmm"), "cpu"), 1)
     for extra in ("mla_absorb_concat", MLA_COPIES):
         assert_same(base, run_steps(K3Decode(cfg, parse(f"mla_head_bmm+{extra}"), "cpu"), 1))
+
+
+@cpu
+@pytest.mark.parametrize("batch", [1, 2])
+def test_mla_gate_in_o_proj_bitwise_to_the_skinny_o_proj(batch):
+    # The o_proj's operand gated as it loads is gate_mul's output, bit for bit.
+    cfg = TINY_BLOCKS.with_(batch=batch)
+    base = "triton_linear+triton_o_proj"
+    assert_same(run_steps(K3Decode(cfg, parse(base), "cpu"), 1),
+                run_steps(K3Decode(cfg, parse(f"{base}+mla_gate_in_o_proj"), "cpu"), 1))
 
 
 @cpu
@@ -632,11 +644,14 @@ def test_gpu_fmha_early_kv_bitwise(batch):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 8])
-def test_gpu_mla_copies_bitwise(batch):
-    # Compiled, PDL on, the FMHA joined to the KV leg directly: c69's replayed outputs bit for
-    # bit with and without the two copies (c69 without its atomic sums, whose last bits vary).
+def test_gpu_mla_hops_bitwise(batch):
+    # Compiled, PDL on, the FMHA joined to the KV leg directly and the o_proj gating its own
+    # operand: c69's replayed outputs bit for bit with and without round fifteen's hop removals
+    # (c69 without its atomic sums, whose last bits vary).
     base = C69.replace("+moe_down_atomic", "")
-    assert_same(gpu_replay_outputs(batch, base, steps=3), gpu_replay_outputs(batch, f"{base}+{MLA_COPIES}", steps=3))
+    ref = gpu_replay_outputs(batch, base, steps=3)
+    for extra in (MLA_COPIES, MLA_HOPS):
+        assert_same(ref, gpu_replay_outputs(batch, f"{base}+{extra}", steps=3))
 
 
 @cpu

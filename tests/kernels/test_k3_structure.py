@@ -165,6 +165,7 @@ def test_baseline_counts():
     ("attn_res_wide", 0),               # the same pair, wider chunks (B = 1)
     ("mla_absorb_concat", 0),           # needs mla_head_bmm (below)
     ("mla_kv_norm_insert", -24),        # the KV leg's insert, now in its norm
+    ("mla_gate_in_o_proj", 0),          # needs the skinny o_proj (below)
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
@@ -212,6 +213,25 @@ def test_mla_absorb_concat_and_kv_norm_insert_take_the_two_copies():
             == P.build_plan(FULL, parse(forks_off)).segments)
     b64 = FULL.with_(batch=64)
     assert P.build_plan(b64, parse("mla_head_bmm+mla_absorb_concat")).segments == P.build_plan(b64).segments
+
+
+def test_mla_gate_in_o_proj_takes_gate_mul_where_the_o_proj_is_skinny():
+    # With the skinny o_proj (triton_linear + triton_o_proj, B <= 16) the 24 gate_mul launches
+    # go and the g_proj leg still joins right before the o_proj; with mla_gate_in_v (V-up has
+    # the gate) or a cuBLAS o_proj, nothing changes.
+    base = "triton_linear+triton_o_proj"
+    b, p = P.build_plan(FULL, parse(base)), P.build_plan(FULL, parse(f"{base}+mla_gate_in_o_proj"))
+    assert (b.triton_kernel_names() - p.triton_kernel_names()) == Counter({"gate_mul_kernel": 24})
+    assert p.triton_kernel_names() - b.triton_kernel_names() == Counter() and p.cublas_calls == b.cublas_calls
+    mla = next(seg for seg in p.segments if seg.family == "mla")
+    order = [(type(i).__name__, getattr(i, "subop", getattr(i, "side", ""))) for i in mla.items]
+    assert order.index(("Join", P.AUX2)) == order.index(("Launch", P.O_PROJ)) - 1
+    for name in (f"{base}+mla_head_bmm+mla_gate_in_v", "triton_linear", "mla_head_bmm"):
+        assert (P.build_plan(FULL, parse(f"{name}+mla_gate_in_o_proj")).segments
+                == P.build_plan(FULL, parse(name)).segments)
+    b64 = FULL.with_(batch=64)
+    assert (P.build_plan(b64, parse(f"{base}+mla_gate_in_o_proj")).segments
+            == P.build_plan(b64, parse(base)).segments)
 
 
 def test_g_proj_early_forks_the_gate_leg_with_the_kv_leg():
@@ -391,6 +411,8 @@ def _math(plan: P.StepPlan) -> list[tuple[int, str, tuple[str, ...]]]:
             ops.append(P.CACHE_INSERT)  # the KV norm stores the row itself
         if seg.family == "mla" and P.absorb_concats(cfg, v):
             ops.append(P.Q_CONCAT)  # the absorb stores the query rows itself
+        if seg.family == "mla" and P.gate_in_o_proj(cfg, v):
+            ops.append(P.GATE_MUL)  # in the o_proj's operand load
         if seg.family == "moe" and v.router_fork:
             ops.remove(P.ROUTER_GEMV)  # the front's router columns, read on their own
         if P.SCORE_COMBINE in ops:  # attn_res_fused: both sub-ops in one launch

@@ -64,11 +64,12 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 @triton.jit
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
                      sumsq, n_sumsq, ws, tickets, k_per, bank, n_rows, stride_br, query, scores, w_desc,
+                     gate, stride_gate,
                      pf_rows, PF_ROWS: tl.constexpr, PF_LINES: tl.constexpr, TMA: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
                      SPLIT_K: tl.constexpr, GRAM: tl.constexpr, FOLD: tl.constexpr, R: tl.constexpr,
-                     W: tl.constexpr, T: tl.constexpr, DOT_F32: tl.constexpr,
+                     W: tl.constexpr, T: tl.constexpr, DOT_F32: tl.constexpr, GATE: tl.constexpr,
                      USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr, MIX_MMA: tl.constexpr):
     # out[B, N] = x[B, K] @ w[K, N], w row-major (N contiguous, as torch.mm takes it). One
     # program per BLOCK_N columns streams its whole K; the few tokens pad the MMA's M side.
@@ -79,6 +80,8 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     # programs to finish adds the partials in split order (deterministic) and stores.
     # TMA (variant linear_tma): the weight tiles stream through w_desc, a host tensor
     # descriptor over w (block [BLOCK_K, BLOCK_N]; out-of-range rows and columns read 0).
+    # GATE (variant mla_gate_in_o_proj): the operand is x * sigmoid(gate), rounded to x's
+    # dtype as gate_mul stores it, formed as each K block of x loads.
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = ns < N
     ms = tl.arange(0, BLOCK_M)
@@ -86,6 +89,7 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     kr = tl.arange(0, BLOCK_K)
     w_cols = w + ns[None, :]
     x_rows = x + ms.to(tl.int64)[:, None] * stride_x
+    g_rows = gate + ms.to(tl.int64)[:, None] * stride_gate
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if MIX_K > 0 and MIX_MMA > 0:  # the expert rows fill the MMA's BLOCK_M rows (x_rows; the rest zero)
         em = ms < MIX_K
@@ -111,7 +115,7 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     prefetch_lines(w, stride_w, tl.program_id(0) * BLOCK_N, tl.program_id(1) * k_per, pf_rows, PF_ROWS, PF_LINES)
     pdl_wait(USE_PDL)  # x is the producer's output
     if EARLY_W:
-        x0 = tl.load(x_rows + kr[None, :], mask=mm[:, None] & (kr[None, :] < K), other=0.0)
+        x0 = gated_rows(x_rows, g_rows, kr[None, :], mm[:, None] & (kr[None, :] < K), GATE)
         acc = dot(x0, w0, acc, DOT_F32)
     k_end = K
     if SPLIT_K > 1:
@@ -159,7 +163,7 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
             acc = dot(xt, wt, acc, DOT_F32)
     else:
         acc = skinny_k_rows(acc, x_rows, w_cols, mm, nm, K, k_first, k_end, stride_w, BLOCK_K, EVEN_K, DOT_F32,
-                            w_desc, tl.program_id(0) * BLOCK_N, TMA)
+                            w_desc, tl.program_id(0) * BLOCK_N, TMA, g_rows, GATE)
     if MIX_K > 0:
         if MIX_MMA == 2:
             ssq = tl.sum(tl.sum(gram * mw[:, None] * mw[None, :], 1), 0)
@@ -206,11 +210,24 @@ def prefetch_lines(w, stride_w, n0, k0, rows, PF_ROWS: tl.constexpr, PF_LINES: t
 
 
 @triton.jit
+def gated_rows(x_rows, g_rows, cols, mask, GATE: tl.constexpr):
+    """x's K block at `cols`, or with GATE (variant mla_gate_in_o_proj) x * sigmoid(gate)
+    rounded to x's dtype: gate_mul_kernel's arithmetic, so the operand is its output's bits."""
+    xt = tl.load(x_rows + cols, mask=mask, other=0.0)
+    if GATE:
+        gt = tl.load(g_rows + cols, mask=mask, other=0.0).to(tl.float32)
+        xt = to_dtype(xt.to(tl.float32) * tl.sigmoid(gt), xt.dtype)
+    return xt
+
+
+@triton.jit
 def skinny_k_rows(acc, x_rows, w_cols, mm, nm, K, k_first, k_end, stride_w, BLOCK_K: tl.constexpr,
-                  EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, w_desc=None, n0=0, TMA: tl.constexpr = False):
+                  EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, w_desc=None, n0=0, TMA: tl.constexpr = False,
+                  g_rows=None, GATE: tl.constexpr = False):
     """acc + x[:, k_first:k_end] @ w[k_first:k_end, cols]: the skinny GEMM's K stream
     (`x_rows`: the token rows' pointers [BLOCK_M, 1], `w_cols`: the columns' [1, BLOCK_N];
-    TMA: the weight tiles from `w_desc` at column `n0` instead, the same values)."""
+    TMA: the weight tiles from `w_desc` at column `n0` instead, the same values; GATE: the
+    operand gated by `g_rows`' values, gated_rows)."""
     kr = tl.arange(0, BLOCK_K)
     for k0 in range(k_first, k_end, BLOCK_K):
         ks = k0 + kr
@@ -218,15 +235,15 @@ def skinny_k_rows(acc, x_rows, w_cols, mm, nm, K, k_first, k_end, stride_w, BLOC
             # One bulk copy per tile into shared memory, where the MMA reads it: no
             # per-thread address math or register staging for the 32 KB of each stage.
             wt = w_desc.load([k0, n0])
-            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None] & (ks[None, :] < K), other=0.0)
+            xt = gated_rows(x_rows, g_rows, ks[None, :], mm[:, None] & (ks[None, :] < K), GATE)
         elif EVEN_K:
             wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=nm[None, :], other=0.0)
-            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None], other=0.0)
+            xt = gated_rows(x_rows, g_rows, ks[None, :], mm[:, None], GATE)
         else:
             km = ks < K
             wt = tl.load(w_cols + ks.to(tl.int64)[:, None] * stride_w, mask=km[:, None] & nm[None, :],
                          other=0.0)
-            xt = tl.load(x_rows + ks[None, :], mask=mm[:, None] & km[None, :], other=0.0)
+            xt = gated_rows(x_rows, g_rows, ks[None, :], mm[:, None] & km[None, :], GATE)
         acc = dot(xt, wt, acc, DOT_F32)
     return acc
 
@@ -336,7 +353,7 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
               config: tuple[int, int, int, int] | None = None, rms_of: tuple | None = None,
               early_weights: bool = False, split_k: SplitK | None = None, splits: int | None = None,
               gram: tuple | None = None, tma: bool = False, prefetch_bytes: int = 0,
-              delay_ns: int = 0) -> torch.Tensor:
+              gate: torch.Tensor | None = None, delay_ns: int = 0) -> torch.Tensor:
     """out = x @ w for B <= SKINNY_MAX_B tokens; w [K, N] with unit column stride (a
     column slice of a wider weight is fine), x and out row-strided. `rms_of = (sumsq, eps)`
     (variant latent_norm_folded): out[b] = x[b] @ w / rms(x[b]), the RMS from sumsq fp32
@@ -354,7 +371,8 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     row pitch too) where block_n spans 128 bytes; the same products in the same order.
     `prefetch_bytes` (variant linear_prefetch:<MB>): before its PDL wait each program asks
     L2 for its own columns of its first K rows, about that many bytes in all (a hint: no
-    value changes)."""
+    value changes). `gate` (variant mla_gate_in_o_proj, like x): the product is
+    (x * sigmoid(gate)) @ w, the operand rounded to x's dtype as gate_mul stores it."""
     B, K = x.shape
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
@@ -383,14 +401,17 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
         assert scores.shape == gemm_scores_shape(N, bn, bank.shape[0]) and scores.is_contiguous()
         assert fold or out.data_ptr() == bank[n_rows - 1].data_ptr()
     R = next_pow2(bank.shape[0]) if gram is not None else 1
+    if gate is not None:
+        assert gate.shape == (B, K) and gate.stride(1) == 1
     launch(skinny_mm_kernel, (triton.cdiv(N, bn), S), x, w, out, B, K, N, x.stride(0), w.stride(0),
            out.stride(0), x, x, eps, sumsq, n_sq, ws, tickets, k_per, bank, n_rows,
            bank.stride(0) if gram is not None else 0, query, scores,
-           weight_descriptor(w, bk, bn) if tma else w, **own_rows_prefetch(w, prefetch_bytes, bn, k_per), TMA=tma,
+           weight_descriptor(w, bk, bn) if tma else w, gate if gate is not None else x,
+           gate.stride(0) if gate is not None else 0, **own_rows_prefetch(w, prefetch_bytes, bn, k_per), TMA=tma,
            BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
            EVEN_K=K % bk == 0, MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, SPLIT_K=S,
            GRAM=gram is not None, FOLD=bool(fold), R=R, W=next_pow2(R + 1), T=max(16, next_pow2(R + 1)),
-           DOT_F32=DOT_F32, MIX_MMA=0, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           DOT_F32=DOT_F32, GATE=gate is not None, MIX_MMA=0, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
     return out
 
 
@@ -416,9 +437,10 @@ def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor
     assert mma in (0, 1, 2) and (not mma or E <= 16)  # the rows are the MMA's 16
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
-           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, w, 0, PF_ROWS=0, PF_LINES=1,
-           TMA=False, BLOCK_M=16,
+           out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, w, out, 0, 0, PF_ROWS=0,
+           PF_LINES=1, TMA=False, BLOCK_M=16,
            BLOCK_N=bn,
            BLOCK_K=bk, EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, SPLIT_K=1, GRAM=False, FOLD=False, R=1,
-           W=2, T=16, DOT_F32=DOT_F32, MIX_MMA=mma, num_warps=warps, num_stages=stages, delay_ns=delay_ns)
+           W=2, T=16, DOT_F32=DOT_F32, GATE=False, MIX_MMA=mma, num_warps=warps, num_stages=stages,
+           delay_ns=delay_ns)
     return out
