@@ -423,11 +423,10 @@ def head_bmm_kernel(a, w, out, g, stride_ah, stride_ab, stride_oh, stride_ob, st
         # loads issue here, beside the first MMA's.
         if tl.program_id(1) == 0:
             rs = tl.arange(0, ROPE)
-            rm = bm[:, None] & (rs[None, :] < ROPE)
             rope = tl.load(r_src + h.to(tl.int64) * stride_rsh + bs[:, None].to(tl.int64) * stride_rsb + rs[None, :],
-                           mask=rm, other=0.0)
+                           mask=bm[:, None], other=0.0)
             tl.store(r_dst + h.to(tl.int64) * stride_rdh + bs[:, None].to(tl.int64) * stride_rdb + rs[None, :],
-                     rope, mask=rm)
+                     rope, mask=bm[:, None])
     ah = a + h.to(tl.int64) * stride_ah + bs[:, None].to(tl.int64) * stride_ab
     acc = dot(tl.load(ah + ks[None, :], mask=bm[:, None], other=0.0), w0,
               tl.zeros([BLOCK_B, BLOCK_N], tl.float32), DOT_F32)
