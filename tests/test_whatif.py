@@ -155,3 +155,56 @@ def test_restrictions_and_bad_changes(analysis):
         what_if(a, [parse_change("delta", "no_such_kernel=+1us")])
     with pytest.raises(ReportError, match="not a valid regular expression"):
         what_if(a, [parse_change("delta", "(?=look)ahead=+1us")])
+
+
+def _pdl_neighbours(trace, name: str, family: str | None, before: str | None = None) -> tuple[range, range]:
+    """Per stable step (raw rows), how many calls of the kernel (those right before a `before`
+    call on their stream, if given) start within a PDL gap of an other kernel's end on their
+    stream, and how many end within one of an other's start: the range over steps of each."""
+    r = reference.compute(trace)
+    gap = reference.settings()["pdl_max_gap_ns"]
+    holds, lends = [], []
+    for s in r.stable:
+        streams: dict[int, list] = {}
+        for k in sorted(s.kernels, key=lambda k: k.start):
+            streams.setdefault(k.stream, []).append(k)
+        h = l = 0
+        for ks in streams.values():
+            for prev, k, nxt in zip([None] + ks[:-1], ks, ks[1:] + [None]):
+                if k.name != name or (family and k.family != family) or (before and (nxt is None or nxt.name != before)):
+                    continue
+                h += prev is not None and prev.name != name and k.start - prev.end <= gap
+                l += nxt is not None and nxt.name != name and nxt.start - k.end <= gap
+        holds.append(h)
+        lends.append(l)
+    return range(min(holds), max(holds) + 1), range(min(lends), max(lends) + 1)
+
+
+def _flagged(w) -> tuple[int, int]:
+    import re
+
+    note = " ".join(n for n in w.notes if "PDL predecessor" in n or "PDL dependent" in n)
+    counts = [re.search(rf"(\d+) {what}", note) for what in ("start at an unchanged PDL predecessor",
+                                                             "release an unchanged PDL dependent")]
+    return tuple(int(m.group(1)) if m else 0 for m in counts)
+
+
+def test_a_shortened_pdl_neighbour_is_flagged(analysis, trace_sqlite):
+    # c7 triggers every dependent right after its wait: situ_mul's recorded time holds the
+    # routed grouped GEMM's tail (31 -> 254 us per step from c6, the GEMM 261 -> 118).
+    holds, lends = _pdl_neighbours(trace_sqlite("k3_bs1_c7"), "situ_mul_kernel", "moe")
+    held, lent = _flagged(what_if(analysis("k3_bs1_c7"), [parse_change("remove", "^situ_mul_kernel$", family="moe")]))
+    assert held in holds and lent in lends and held > 0 and lent > 0, (held, lent, holds, lends)
+    # Fused with the GEMM before it, the tail situ_mul may hold is inside the change; the
+    # fused kernel itself still starts at its own predecessor's end.
+    gemm_holds, _ = _pdl_neighbours(trace_sqlite("k3_bs1_c7"), "moe_grouped_gemm_kernel", "moe", before="situ_mul_kernel")
+    fused = what_if(analysis("k3_bs1_c7"), [parse_change("fuse", "^moe_grouped_gemm_kernel$,^situ_mul_kernel$=5us",
+                                                         family="moe")])
+    assert _flagged(fused)[0] in gemm_holds and min(gemm_holds) > 0, (_flagged(fused), gemm_holds)
+    # A kernel made longer is not a gain to bound.
+    assert _flagged(what_if(analysis("k3_bs1_c7"), [parse_change("delta", "^situ_mul_kernel$=+1us")])) == (0, 0)
+    # The transformers Llama launches without PDL, but cuBLAS chains its own kernels on Hopper:
+    # one reduce_kernel per step starts 1 ns after the GEMM before it.
+    holds, lends = _pdl_neighbours(trace_sqlite("hf_base_a"), "reduce_kernel", None)
+    held, lent = _flagged(what_if(analysis("hf_base_a"), [parse_change("scale", "^reduce_kernel$=0.5")]))
+    assert held in holds and lent in lends and max(holds) > 0, (held, lent, holds, lends)

@@ -216,6 +216,34 @@ def apply(model: StepModel, changes: Sequence[Change], non_pdl_gap_ns: float
     return dur, lags, launch, present, touched
 
 
+def _borrowed_tail_notes(g: StepGraph, before: np.ndarray, after: np.ndarray, touched: np.ndarray) -> list[str]:
+    """Where a shortened kernel's recorded time may not be its own. A kernel that triggers its
+    PDL dependents before its last store lets them launch while it still runs, and nsys then
+    books the rest of its run to the dependent (on the bundled c6 -> c7 pair, early triggers
+    only: situ_mul 31 -> 254 us per step, the grouped GEMM before it 261 -> 118). The trace
+    does not say where a kernel triggers, so the prediction can only be bounded: removing a
+    dependent removes its predecessor's tail too (an upper bound), and shortening a kernel
+    leaves its own tail in an unchanged dependent (a lower bound)."""
+    shortened = touched & (after < before)
+    pdl = g.nodes["pdl"].fill_null(False).to_numpy() & (g.nodes["binding"] == STREAM).fill_null(False).to_numpy()
+    pred = g.preds[:, STREAM_SLOT]
+    holds = shortened & pdl & (pred >= 0) & ~touched[np.clip(pred, 0, None)]
+    lends = np.zeros(g.size, dtype=bool)
+    dependents = np.nonzero(pdl & (pred >= 0) & ~touched)[0]
+    lends[pred[dependents]] = True
+    lends &= shortened
+    if not (holds.any() or lends.any()):
+        return []
+    sides = [f"{int(holds.sum())} start at an unchanged PDL predecessor's end (its tail may be booked to them, and "
+             "is then taken away here: the gain overstated)" if holds.any() else "",
+             f"{int(lends.sum())} release an unchanged PDL dependent (their own tail may be booked to it, and is then "
+             "kept here: the gain understated)" if lends.any() else ""]
+    return [f"of the {int(shortened.sum())} kernels made shorter, " + " and ".join(x for x in sides if x)
+            + ". A kernel that triggers its dependents before its last store has nsys book the rest of its run to "
+            "them; where the trace's kernels trigger after their last store neither applies. Modelling the pair "
+            "(`--fuse PRED,KERNEL=TIME` at the predecessor's standalone time) bounds it"]
+
+
 def _non_pdl_gap(a: Analysis) -> float:
     """Median same-stream gap of critical-path kernels released by their stream predecessor
     without PDL: what a plain launch costs where nothing else holds it back. Off the path such
@@ -296,6 +324,7 @@ def what_if(a: Analysis, changes: Sequence[Change], *, seed: int = 0) -> WhatIf:
     slack = _by_kernel(g, {"added_us": added / 1e3, "slack_us": np.where(touched, slack_ns, 0.0) / 1e3,
                            "slack_used_us": np.where(added > 0, np.minimum(added, slack_ns), 0.0) / 1e3}
                        ).filter(pl.col("added_us") != 0).sort("added_us", descending=True)
+    notes.extend(_borrowed_tail_notes(g, mean[0], mean_new[0], touched))
     if any(c.kind == NO_PDL for c in changes):
         notes.append(f"each PDL edge took a plain launch's gap, {plain_gap_ns / 1e3:.3f} us (the median on this "
                      "trace's critical path)")
