@@ -201,8 +201,11 @@ def test_a_shortened_pdl_neighbour_is_flagged(analysis, trace_sqlite):
     fused = what_if(analysis("k3_bs1_c7"), [parse_change("fuse", "^moe_grouped_gemm_kernel$,^situ_mul_kernel$=5us",
                                                          family="moe")])
     assert _flagged(fused)[0] in gemm_holds and min(gemm_holds) > 0, (_flagged(fused), gemm_holds)
-    # A kernel made longer is not a gain to bound.
-    assert _flagged(what_if(analysis("k3_bs1_c7"), [parse_change("delta", "^situ_mul_kernel$=+1us")])) == (0, 0)
+    # A kernel made longer is not a gain to bound, and a --delta states the saving itself.
+    for spec in ("^situ_mul_kernel$=+1us", "^situ_mul_kernel$=-1us"):
+        assert _flagged(what_if(analysis("k3_bs1_c7"), [parse_change("delta", spec)])) == (0, 0)
+    assert _flagged(what_if(analysis("k3_bs1_c7"), [parse_change("scale", "^situ_mul_kernel$=0.5", family="moe")])) \
+        == (held, lent)
     # The transformers Llama launches without PDL, but cuBLAS chains its own kernels on Hopper:
     # one reduce_kernel per step starts 1 ns after the GEMM before it.
     holds, lends = _pdl_neighbours(trace_sqlite("hf_base_a"), "reduce_kernel", None)

@@ -216,15 +216,17 @@ def apply(model: StepModel, changes: Sequence[Change], non_pdl_gap_ns: float
     return dur, lags, launch, present, touched
 
 
-def _borrowed_tail_notes(g: StepGraph, before: np.ndarray, after: np.ndarray, touched: np.ndarray) -> list[str]:
+def _borrowed_tail_notes(g: StepGraph, before: np.ndarray, after: np.ndarray, touched: np.ndarray,
+                         on_span: np.ndarray) -> list[str]:
     """Where a shortened kernel's recorded time may not be its own. A kernel that triggers its
     PDL dependents before its last store lets them launch while it still runs, and nsys then
     books the rest of its run to the dependent (on the bundled c6 -> c7 pair, early triggers
     only: situ_mul 31 -> 254 us per step, the grouped GEMM before it 261 -> 118). The trace
     does not say where a kernel triggers, so the prediction can only be bounded: removing a
     dependent removes its predecessor's tail too (an upper bound), and shortening a kernel
-    leaves its own tail in an unchanged dependent (a lower bound)."""
-    shortened = touched & (after < before)
+    leaves its own tail in an unchanged dependent (a lower bound). Only changes that act on the
+    recorded span count (`on_span`: remove, scale, fuse); a --delta states the saving itself."""
+    shortened = on_span & (after < before)
     pdl = g.nodes["pdl"].fill_null(False).to_numpy() & (g.nodes["binding"] == STREAM).fill_null(False).to_numpy()
     pred = g.preds[:, STREAM_SLOT]
     holds = shortened & pdl & (pred >= 0) & ~touched[np.clip(pred, 0, None)]
@@ -324,7 +326,8 @@ def what_if(a: Analysis, changes: Sequence[Change], *, seed: int = 0) -> WhatIf:
     slack = _by_kernel(g, {"added_us": added / 1e3, "slack_us": np.where(touched, slack_ns, 0.0) / 1e3,
                            "slack_used_us": np.where(added > 0, np.minimum(added, slack_ns), 0.0) / 1e3}
                        ).filter(pl.col("added_us") != 0).sort("added_us", descending=True)
-    notes.extend(_borrowed_tail_notes(g, mean[0], mean_new[0], touched))
+    on_span = apply(model, [c for c in changes if c.kind in (REMOVE, SCALE, FUSE)], plain_gap_ns)[4]
+    notes.extend(_borrowed_tail_notes(g, mean[0], mean_new[0], touched, on_span))
     if any(c.kind == NO_PDL for c in changes):
         notes.append(f"each PDL edge took a plain launch's gap, {plain_gap_ns / 1e3:.3f} us (the median on this "
                      "trace's critical path)")
