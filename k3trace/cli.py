@@ -530,7 +530,8 @@ def run_ranks(opts: RanksOptions) -> None:
 @app.command("analyze")
 def analyze_cmd(
     reports: list[Path] = typer.Argument(..., help="Report(s): .nsys-rep, .qdstrm, SQLite or parquetdir export "
-                                                    "(optionally compressed); several, a folder or a quoted glob: "
+                                                    "(optionally compressed), or a torch.profiler (Kineto) JSON "
+                                                    "trace; several, a folder or a quoted glob: "
                                                     "one report per rank."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
     config: Optional[Path] = ConfigOpt,

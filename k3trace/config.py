@@ -6,7 +6,7 @@ import difflib
 import math
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,22 @@ class Config:
             raise ValueError("labels.module_pattern needs the named groups (?P<prefix>...), (?P<index>...) "
                              "and (?P<rest>...)")
         return cfg
+
+    @property
+    def infers_pdl(self) -> bool:
+        """Whether a short same-stream gap (or an overlap) reads as a PDL edge."""
+        return self.pdl_max_gap_ns >= 0
+
+    def without_pdl(self) -> "Config":
+        """For a platform without programmatic dependent launch (HIP): roctracer reports a
+        graph replay's kernels back to back (gaps of 0-2 ns on the MI300X), which the CUDA
+        threshold would read as PDL edges; here no gap or overlap is one."""
+        return replace(self, pdl_max_gap_ns=_NO_PDL_GAP_NS, pdl_max_overlap_ns=0)
+
+
+#: No same-stream gap is this short: `without_pdl`'s threshold (a TOML file cannot set a
+#: negative one).
+_NO_PDL_GAP_NS = -(1 << 62)
 
 
 def _polars_regex_error(pattern: str) -> str | None:

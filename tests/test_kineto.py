@@ -19,6 +19,7 @@ import polars as pl
 import pytest
 
 from k3trace.analyses import analyze
+from k3trace.analyses.whatif import NO_PDL, PDL, Change, parse_change, what_if
 from k3trace.config import load_config
 from k3trace.errors import ReportError
 from k3trace.ingest import load_report
@@ -256,6 +257,48 @@ def test_public_replay(name, tmp_path):
     layer_of = stepped.filter(pl.col("step").is_not_null())["layer"].to_list()
     assert [layer_of[i] for i in attention] == list(range(len(attention)))
     assert a["labels"]["inferred"][0]["layers"] == len(attention)
+
+
+@pytest.mark.parametrize("name", ["tracelens_vllm_decode_full_graph_mi300x.json.gz",
+                                  "tracelens_sglang_qwen3_8b_decode_mi300x.json.gz"])
+def test_public_rocm_replay_infers_no_pdl(name, tmp_path):
+    """HIP has no programmatic dependent launch, yet roctracer reports a replay's kernels back
+    to back (gaps of 0-2 ns), under the CUDA threshold for a PDL edge: on these traces every
+    same-stream pair of the replay is a gap, and none is a PDL edge on the path."""
+    path = public(name)
+    [run] = replays(raw_events(path))
+    by_stream = collections.defaultdict(list)
+    for e in run:
+        by_stream[e["tid"]].append((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])))
+    gaps = [b[0] - a[1] for spans in by_stream.values() for a, b in zip(sorted(spans), sorted(spans)[1:])]
+    assert sum(g <= load_config().pdl_max_gap_ns for g in gaps) > len(gaps) // 2   # what CUDA would call PDL
+    cfg = tmp_path / "w0.toml"
+    cfg.write_text("[steps]\nwarmup = 0\n")
+    trace = load_report(path)
+    assert trace.platform == "ROCm"
+    a = analyze(trace, load_config(cfg))
+    assert a.pdl_summary["edges_per_step"] == 0
+    assert a.pdl_summary["gaps_per_step"] == len(gaps)
+    assert a.pdl_summary["gap_us_per_step"] * 1e3 == pytest.approx(sum(gaps), abs=1e-6)
+    assert not a.path["pdl"].any()
+    assert any("ROCm trace: no PDL edges are inferred" in n for n in a.notes)
+    for change in (Change(NO_PDL), parse_change(PDL, run[0]["name"].split("(")[0].removeprefix("void "))):
+        with pytest.raises(ReportError, match="no PDL to add or take away"):
+            what_if(a, [change])
+
+
+def test_cuda_kineto_trace_still_infers_pdl(fixture_events, fixture_analysis):
+    """The transformers Llama's CUDA trace: its PDL-chained cuBLAS pair (split-K GEMM ->
+    reduce, a gap of a few ns) stays one PDL edge per step."""
+    chained = []
+    for run in replays(fixture_events):
+        spans = collections.defaultdict(list)
+        for e in run:
+            spans[e["tid"]].append((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])))
+        chained.append(sum(b[0] - a[1] <= load_config().pdl_max_gap_ns
+                           for s in spans.values() for a, b in zip(sorted(s), sorted(s)[1:])))
+    assert statistics.median(chained) == fixture_analysis.pdl_summary["edges_per_step"] == 1
+    assert not any("no PDL edges are inferred" in n for n in fixture_analysis.notes)
 
 
 def test_public_capture_without_replay():

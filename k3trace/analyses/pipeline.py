@@ -25,6 +25,7 @@ from k3trace.analyses.result import DIFF_OMITS, KERNEL_COLUMNS, PATH_COLUMNS, An
 from k3trace.config import Config
 from k3trace.errors import ReportError
 from k3trace.ingest import Limits, Progress, Tools, Trace, detached, load_report, report_key
+from k3trace.ingest.kineto import ROCM
 from k3trace.model.labels import LabelDonor, label
 from k3trace.model.stable import classify_steps
 from k3trace.model.steps import assign_steps
@@ -177,6 +178,8 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
             f"{trace.source}: CUDA graphs were traced at graph level (no per-kernel records of the replays)",
             "record again with `nsys profile --cuda-graph-trace=node`",
         )
+    if trace.platform == ROCM:
+        cfg = cfg.without_pdl()
     assignment = assign_steps(trace, cfg)
     steps = classify_steps(assignment.steps, cfg)
     labelling = label(trace, assignment, cfg, donor)
@@ -226,6 +229,9 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
         notes.append(f"{r['rows']} of {r['total']} {r['table']} rows had {r['issue']} "
                      "(names that differ only past the cut read as one)")
     notes.extend(label_notes(summary))
+    if not cfg.infers_pdl:
+        notes.append(f"a {trace.platform} trace: no PDL edges are inferred (HIP has no programmatic dependent "
+                     "launch); kernels reported back to back count as same-stream gaps")
     path, graph, step_times = on_path.path, on_path.graph, spread.step_times
     family_rows = spread.families.join(on_path.by_family, on="family", how="left")
     layer_rows = layers.layer_table(spread.layers, on_path.layer_critical) if whole else None

@@ -295,6 +295,9 @@ def opportunities(a: Analysis, top: int = 15) -> pl.DataFrame:
 def what_if(a: Analysis, changes: Sequence[Change], *, seed: int = 0) -> WhatIf:
     if not changes:
         raise ReportError("no change given", "pass --scale, --delta, --fuse, --remove, --no-pdl or --pdl")
+    if not a.config.infers_pdl and any(c.kind in (PDL, NO_PDL) for c in changes):
+        raise ReportError(f"{a.report} has no PDL to add or take away (its platform has no programmatic "
+                          "dependent launch)", "drop --pdl / --no-pdl; model a shorter launch gap with --delta")
     model = step_model(a)
     g = model.graph
     plain_gap_ns = _non_pdl_gap(a)

@@ -61,6 +61,11 @@ EVENT_SCHEMA = pl.Schema(
     }
 )
 
+#: The platforms a trace can come from (`Trace.platform`).
+CUDA, ROCM = "CUDA", "ROCm"
+#: Top-level keys only a trace recorded through roctracer (HIP) carries.
+_ROCM_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version")
+
 KERNEL, RUNTIME, DRIVER = "kernel", "cuda_runtime", "cuda_driver"
 ANNOTATION, GPU_ANNOTATION, SYNC = "user_annotation", "gpu_user_annotation", "cuda_sync"
 #: Older Kineto spelled some categories differently.
@@ -142,8 +147,19 @@ def load(path: Path, label: str | None = None) -> tuple[dict[str, pl.DataFrame],
         raise ReportError(f"{label}: cannot decompress ({exc})", "the file is truncated; copy it again") from None
     frames = normalise(events, meta, label)
     version = meta.get("schemaVersion", "?")
-    export = {"EXPORT_PRODUCT_VERSION": f"torch.profiler/Kineto (trace schema {version})"}
+    export = {"EXPORT_PRODUCT_VERSION": f"torch.profiler/Kineto (trace schema {version})",
+              "PLATFORM": platform(meta)}
     return frames, export, ("compressed kineto" if compressed else "kineto")
+
+
+def platform(meta: dict) -> str:
+    """ROCm when the trace was written through roctracer (its version keys, or an AMD
+    device), else CUDA."""
+    props = meta.get("deviceProperties")
+    names = [str(p.get("name") or "") for p in props if isinstance(p, dict)] if isinstance(props, list) else []
+    if any(key in meta for key in _ROCM_KEYS) or any(name.startswith("AMD") for name in names):
+        return ROCM
+    return CUDA
 
 
 def _ns(col: str) -> pl.Expr:

@@ -31,6 +31,7 @@ import polars as pl
 
 from k3trace.errors import ReportError
 from k3trace.ingest import cachefs, detached, kineto, normalize, schema
+from k3trace.ingest.kineto import CUDA
 from k3trace.ingest.tables import ParquetDirTables, SqliteTables
 from k3trace.ingest.tools import Tools
 
@@ -60,6 +61,11 @@ class Trace:
     @property
     def nsys_version(self) -> str:
         return self.export.get("EXPORT_PRODUCT_VERSION", "unknown")
+
+    @property
+    def platform(self) -> str:
+        """CUDA, or ROCm for a torch.profiler trace of HIP work (nsys records CUDA only)."""
+        return self.export.get("PLATFORM", CUDA)
 
 
 @dataclass(frozen=True)
@@ -264,8 +270,9 @@ def report_key(path: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:24]
 
 
-#: Trace cache entry layout version (with schema.SCHEMA_VERSION in the key).
-CACHE_FORMAT = 2
+#: Trace cache entry layout version (with schema.SCHEMA_VERSION in the key). 3: the export
+#: metadata names the platform (a Kineto trace of HIP work infers no PDL).
+CACHE_FORMAT = 3
 
 
 def _frames() -> dict[str, pl.Schema]:
