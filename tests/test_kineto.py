@@ -22,7 +22,7 @@ from k3trace.analyses import analyze
 from k3trace.analyses.whatif import NO_PDL, PDL, Change, parse_change, what_if
 from k3trace.config import load_config
 from k3trace.errors import ReportError
-from k3trace.ingest import load_report
+from k3trace.ingest import load_report, mangled
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "k3trace" / "data" / "hf_base_kineto.pt.trace.json.gz"
@@ -299,6 +299,37 @@ def test_cuda_kineto_trace_still_infers_pdl(fixture_events, fixture_analysis):
                            for s in spans.values() for a, b in zip(sorted(s), sorted(s)[1:])))
     assert statistics.median(chained) == fixture_analysis.pdl_summary["edges_per_step"] == 1
     assert not any("no PDL edges are inferred" in n for n in fixture_analysis.notes)
+
+
+#: The public SGLang trace's mangled HIP kernels (hipModuleLaunchKernel) and the identifier
+#: each demangles to (`c++filt`: `void aiter::add_rmsnorm_quant_kernel<...>(...)`, ...).
+MANGLED = {"_ZN5aiter24add_rmsnorm_quant_kernelI": "add_rmsnorm_quant_kernel",
+           "_ZN7sgl_hip10activation18act_and_mul_kernelI": "act_and_mul_kernel"}
+
+
+def test_mangled_hip_kernels_get_their_short_names():
+    """Kernel names are nsys's short names on HIP traces too: a mangled name becomes the
+    function's identifier, as a demangled one does, with every call kept."""
+    path = public("tracelens_sglang_qwen3_8b_decode_mi300x.json.gz")
+    raw = [e["name"] for e in raw_events(path) if e.get("cat") == "kernel"]
+    assert sum(n.startswith("_Z") for n in raw) == sum(sum(n.startswith(p) for n in raw) for p in MANGLED) > 100
+    calls = load_report(path).kernels.group_by("name").len()
+    assert not calls.filter(pl.col("name").str.starts_with("_Z")).height
+    for prefix, short in MANGLED.items():
+        assert calls.filter(pl.col("name") == short)["len"].sum() == sum(n.startswith(prefix) for n in raw)
+
+
+@pytest.mark.parametrize("name, short", [
+    ("_ZL12local_kernelPf", "local_kernel"),              # static
+    ("_Z4siluf", "silu"),                                 # not nested
+    ("_ZN12_GLOBAL__N_16kernelEv", "kernel"),             # anonymous namespace
+    ("_ZNK3foo4callEv", "call"),                          # const-qualified
+    ("_ZNSt6thread5_ImplIiE6_M_runEv", "_Impl"),          # a class template ends it, as demangled
+    ("_ZN5aiter30abc", None),                             # cut short
+    ("_Znw", None), ("kernel_unified_attention_2d", None),
+])
+def test_mangled_short_name(name, short):
+    assert mangled.short_name(name) == short
 
 
 def test_public_capture_without_replay():

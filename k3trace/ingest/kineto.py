@@ -34,7 +34,7 @@ from typing import BinaryIO, Callable
 import polars as pl
 
 from k3trace.errors import ReportError
-from k3trace.ingest import kineto_graphs, schema
+from k3trace.ingest import kineto_graphs, mangled, schema
 from k3trace.ingest.chrome_json import JsonError, read_events
 
 #: The event fields read; everything else in an event is skipped while parsing.
@@ -242,6 +242,10 @@ def _kernels(kernels: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
     distinct = frame.select("full_name", *launch).unique(maintain_order=True)
     signed = schema.with_kernel_signature(distinct).with_columns(
         short_name(pl.col("full_name").cast(pl.String)).alias("name"))
+    # HIP module launches arrive mangled: their short name comes off the mangled name.
+    unmangled = pl.Series([mangled.short_name(n) if n else None for n in signed["full_name"].cast(pl.String)],
+                          dtype=pl.String)
+    signed = signed.with_columns(pl.coalesce(unmangled, pl.col("name")).alias("name"))
     return frame.join(signed, on=["full_name", *launch], how="left", nulls_equal=True).drop(launch)
 
 
