@@ -271,7 +271,8 @@ def report_key(path: Path) -> str:
 
 
 #: Trace cache entry layout version (with schema.SCHEMA_VERSION in the key). 3: the export
-#: metadata names the platform (a Kineto trace of HIP work infers no PDL).
+#: metadata names the platform (a Kineto trace of HIP work infers no PDL), and mangled HIP
+#: kernel names are shortened.
 CACHE_FORMAT = 3
 
 
