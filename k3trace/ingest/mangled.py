@@ -14,6 +14,8 @@ from __future__ import annotations
 
 #: Qualifiers a nested name may open with (const, volatile, restrict, & and && on `this`).
 _QUALIFIERS = "rVKRO"
+#: The second letters of the two-letter substitutions (St = std::, Sa = std::allocator, ...).
+_ABBREVIATIONS = "tabsiod"
 
 
 def short_name(name: str) -> str | None:
@@ -39,11 +41,14 @@ def short_name(name: str) -> str | None:
             if length == 0 or at + length > len(name):
                 return None
             last, at = name[at:at + length], at + length
-        elif nested and name[at] == "S":     # a substitution: a prefix already named (S_, S0_, St, ...)
-            end = name.find("_", at) if name[at + 1:at + 2] not in ("t", "a", "b", "s", "i", "o", "d") else at + 1
-            if end < 0:
-                return None
-            at = end + 1
+        elif nested and name[at] == "S":     # a prefix named before: `St` (std::) and the like, or S_, S0_, ...
+            if name[at + 1:at + 2] in _ABBREVIATIONS:
+                at += 2
+            else:
+                end = name.find("_", at)
+                if end < 0:
+                    return None
+                at = end + 1
         else:
             break
         if not nested:
