@@ -42,7 +42,7 @@ def short_name(name: str) -> str | None:
                 return None
             last, at = name[at:at + length], at + length
         elif nested and name[at] == "S":     # a prefix named before: `St` (std::) and the like, or S_, S0_, ...
-            if name[at + 1:at + 2] in _ABBREVIATIONS:
+            if at + 1 < len(name) and name[at + 1] in _ABBREVIATIONS:
                 at += 2
             else:
                 end = name.find("_", at)
