@@ -418,6 +418,7 @@ def test_builds_of_different_workloads_are_not_kernel_edits(analysis):
     d = diff([analysis("small_before")], [analysis("k3_bs8_base")])
     assert d.attribution.height == 1 and d.attribution["kind"][0] == "structure"
     assert "no kernel matched" in d.structure and any("structure" in c for c in d.caveats())
+    assert not d.across_labels  # not even over the whole step
     assert d.attribution["contribution_us"][0] == pytest.approx(d.modelled_us)
     assert abs(d.modelled_us) < 10 * max(analysis("k3_bs8_base").step_stats["span"]["median"], 1)
 

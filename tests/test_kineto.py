@@ -21,6 +21,7 @@ import pytest
 from k3trace.analyses import analyze
 from k3trace.analyses.whatif import NO_PDL, PDL, Change, parse_change, what_if
 from k3trace.config import load_config
+from k3trace.diff import ADDED, MATCHED, REMOVED, diff
 from k3trace.errors import ReportError
 from k3trace.ingest import load_report, mangled
 
@@ -330,6 +331,37 @@ def test_mangled_hip_kernels_get_their_short_names():
 ])
 def test_mangled_short_name(name, short):
     assert mangled.short_name(name) == short
+
+
+def test_diff_across_profilers_matches_the_same_kernels(trace_sqlite):
+    """The transformers Llama recorded under nsys (layer NVTX: attn/mlp/head from 0) and under
+    torch.profiler (no NVTX: layers inferred). The two demanglers spell 38 of the 44 kernel
+    names differently and the labels share no segment, yet it is one build: every kernel of a
+    step whose short name and launch shape the other step also holds is matched, the rest
+    (the KV-length-dependent grids) are replacements, and no row says "different workloads"."""
+    nsys_path = trace_sqlite("hf_base_a")
+    with sqlite3.connect(f"file:{nsys_path}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT k.correlationId, s.value, gridX, gridY, gridZ, blockX, blockY, blockZ "
+                          "FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName").fetchall()
+    by_launch = collections.defaultdict(list)
+    for corr, *launch in rows:
+        by_launch[corr].append(tuple(launch))
+    nsys_step = collections.Counter(max(by_launch.values(), key=len))
+
+    def short(name: str) -> str:
+        bare = name.replace("(anonymous namespace)::", "").removeprefix("void ")
+        return bare.split("(")[0].split("<")[0].split("::")[-1]
+
+    kineto_step = collections.Counter((short(e["name"]), *e["args"]["grid"], *e["args"]["block"])
+                                      for e in max(replays(raw_events(FIXTURE)), key=len))
+    assert sum(nsys_step.values()) == sum(kineto_step.values()) == 429
+    shared = sum((nsys_step & kineto_step).values())
+    assert 400 < shared < 429
+    d = diff([analyze(load_report(nsys_path), load_config())], [analyze(load_report(FIXTURE), load_config())])
+    kinds = dict(d.matching.group_by("kind").len().iter_rows())
+    assert kinds == {MATCHED: shared, REMOVED: 429 - shared, ADDED: 429 - shared}
+    assert d.across_labels and any("aligned over the whole step" in c for c in d.caveats())
+    assert d.structure is None and "replacement" in set(d.attribution["kind"])
 
 
 def test_public_capture_without_replay():

@@ -84,6 +84,11 @@ class Diff:
         return rows["edit"][0] if rows.height else None
 
     @property
+    def across_labels(self) -> bool:
+        """Whether kernels were matched over the whole step, the labels disagreeing (matching.py)."""
+        return bool(self.matching["across_labels"].any())
+
+    @property
     def incomplete(self) -> list[str]:
         """Reports of either side whose capture is incomplete."""
         return [a.report for a in (*self.old, *self.new) if not a.completeness.ok]
@@ -114,6 +119,9 @@ class Diff:
                        f"unexplained, tolerance {self.explained_tolerance_us:.2f} us); the ranking is partial")
         if self.structure:
             out.append(f"the builds differ in structure ({self.structure}): that part is one row, not kernel edits")
+        if self.across_labels:
+            out.append("the builds' layer/family labels share no segment, so kernels were aligned over the whole "
+                       "step; edits carry the old build's labels (label both alike, or pass --labels-from)")
         if self.incomplete:
             out.append("incomplete capture on " + ", ".join(self.incomplete) + ": the verdict and the edits rest on "
                        "damaged data (see each side's completeness); record again")
@@ -212,6 +220,7 @@ class Diff:
             "explained_tolerance_us": self.explained_tolerance_us,
             "shapley": {"exact": self.exact, "orders": self.orders},
             "structure": self.structure,
+            "matched_across_labels": self.across_labels,
             "incomplete": self.incomplete,
             "sides": {"old": [a.trust() for a in self.old], "new": [a.trust() for a in self.new]},
             "matching": {kind: int(n) for kind, n in self.matching.group_by("kind").len().iter_rows()},

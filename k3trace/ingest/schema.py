@@ -7,9 +7,13 @@ Bump `SCHEMA_VERSION` when a table changes: it is part of the cache key.
 
 from __future__ import annotations
 
+import hashlib
+
 import polars as pl
 
-SCHEMA_VERSION = 3
+from k3trace.ingest.spelling import canonical
+
+SCHEMA_VERSION = 4
 
 #: One row per kernel execution (CUPTI_ACTIVITY_KIND_KERNEL).
 KERNELS = pl.Schema(
@@ -118,14 +122,16 @@ def with_kernel_signature(distinct: pl.DataFrame) -> pl.DataFrame:
 
     Short names repeat across unrelated kernels (PyTorch's elementwise kernels are all
     `vectorized_elementwise_kernel`; GEMMs of every shape share one `nvjet_*` name), so the
-    diff aligns builds on this instead. blake2b over each row's text: the same id in every
-    process, polars version and report. Callers hash distinct rows only (a few hundred per
-    trace) and join the result back.
+    diff aligns builds on this instead. The name is hashed in the spelling both demanglers
+    share (spelling.py: nsys and torch.profiler write the same kernel differently).
+    blake2b over each row's text: the same id in every process, polars version and report.
+    Callers hash distinct rows only (a few hundred per trace) and join the result back.
     """
-    import hashlib
-
-    texts = distinct.select(pl.concat_str([pl.col(c).cast(pl.String).fill_null("") for c in distinct.columns],
-                                          separator="|")).to_series().to_list()
+    name, *launch = distinct.columns
+    names = [canonical(n) if n is not None else "" for n in distinct[name].cast(pl.String).to_list()]
+    shapes = distinct.select(pl.concat_str([pl.col(c).cast(pl.String).fill_null("") for c in launch],
+                                           separator="|")).to_series().to_list()
+    texts = [f"{n}|{shape}" for n, shape in zip(names, shapes)]
     digests = [int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little") >> 1 for t in texts]
     return distinct.with_columns(pl.Series("signature", digests, dtype=pl.Int64))
 
