@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import collections
 import sqlite3
+from pathlib import Path
 
 import pytest
 
-from conftest import DATA, SAMPLES
 from k3trace.ingest.spelling import canonical
 from test_kineto import FIXTURE, raw_events, replays
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "k3trace" / "data"
+SAMPLES = ROOT.parent / "shared" / "samples" / "nsys-public"
 
 
 def demangled_names(path) -> list[tuple[int, str, str]]:
