@@ -27,7 +27,7 @@ import typer
 from typer.core import TyperGroup
 
 from k3trace import __version__, heap
-from k3trace.errors import ReportError, printable
+from k3trace.errors import NoDecodeSteps, ReportError, printable
 
 # Before anything loads polars (its allocator reads the option once, then).
 heap.tune_allocator()
@@ -350,6 +350,13 @@ def analysis_of(path: Path, cfg: Config, env: Environment, donor=None, for_diff:
                               for_diff=for_diff)
 
 
+def capture_donor_of(path: Path, cfg: Config, env: Environment):
+    from k3trace.ingest import load_report
+    from k3trace.model.labels.capture import capture_donor
+
+    return capture_donor(load_report(path, cache_dir=env.cache_dir, tools=env.tools), cfg)
+
+
 def donor_of(path: Path | None, cfg: Config, env: Environment):
     """The label donor of `--labels-from`: that report, analysed, lends its labelled step."""
     from k3trace.analyses.pipeline import label_donor
@@ -357,7 +364,14 @@ def donor_of(path: Path | None, cfg: Config, env: Environment):
     if path is None:
         return None
     try:
-        return label_donor(analysis_of(path, cfg, env))
+        try:
+            return label_donor(analysis_of(path, cfg, env))
+        except NoDecodeSteps:
+            # A startup profile: the graph capture alone can lend its nodes' labels.
+            donor = capture_donor_of(path, cfg, env)
+            if donor is None:
+                raise
+            return donor
     except ReportError as exc:
         if exc.problem.startswith("--labels-from"):
             raise

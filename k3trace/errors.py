@@ -20,6 +20,10 @@ class ReportError(Exception):
         return f"{self.problem}; {self.fix}"
 
 
+class NoDecodeSteps(ReportError):
+    """A report with no decode step in it (it may still hold a graph capture to lend labels)."""
+
+
 def printable(text: str) -> str:
     """`text` with control characters escaped (\\n, \\x1b, ...): file names and trace
     strings are untrusted, and printed raw they could break the one-line message or drive

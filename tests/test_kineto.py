@@ -12,6 +12,8 @@ import lzma
 import re
 import sqlite3
 import statistics
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from k3trace.config import load_config
 from k3trace.diff import ADDED, MATCHED, REMOVED, diff
 from k3trace.errors import ReportError
 from k3trace.ingest import load_report, mangled
+from k3trace.model.labels.capture import capture_donor
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "k3trace" / "data" / "hf_base_kineto.pt.trace.json.gz"
@@ -362,6 +365,72 @@ def test_diff_across_profilers_matches_the_same_kernels(trace_sqlite):
     assert kinds == {MATCHED: shared, REMOVED: 429 - shared, ADDED: 429 - shared}
     assert d.across_labels and any("aligned over the whole step" in c for c in d.caveats())
     assert d.structure is None and "replacement" in set(d.attribution["kind"])
+
+
+#: What a Qwen3 decoder layer's direct children are (SGLang's classes), as families.
+QWEN3_CHILDREN = {"Qwen3Attention": "attention", "Qwen2MLP": "dense", "RMSNorm": "other"}
+
+
+def capture_labels(events: list[dict]) -> list[tuple]:
+    """(kernel, layer, family) of each launch of the SGLang bs=32 capture, in call order, from
+    the raw rows: the `nn.Module: Qwen3DecoderLayer_<N>` event around the launch gives N, the
+    module event directly inside that layer and around the launch gives the family."""
+    begin = next(ns(e["ts"]) for e in events if e.get("name") == "hipStreamBeginCapture")
+    end = next(ns(e["ts"]) for e in events if e.get("name") == "hipStreamEndCapture")
+    with_gpu = {e["args"]["correlation"] for e in events if e.get("cat") == "kernel"}
+    launches = sorted((e for e in events if e.get("cat") == "cuda_runtime" and LAUNCH.match(e["name"])
+                       and begin < ns(e["ts"]) < end and e["args"]["correlation"] not in with_gpu),
+                      key=lambda e: ns(e["ts"]))
+    modules = [(ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e["name"].removeprefix("nn.Module: "))
+               for e in events if e.get("cat") == "python_function" and e["name"].startswith("nn.Module: ")]
+    out = []
+    for launch in launches:
+        at = ns(launch["ts"])
+        around = sorted((m for m in modules if m[0] <= at <= m[1]), key=lambda m: m[1] - m[0], reverse=True)
+        names = [m[2] for m in around]              # outermost first
+        layer = next((i for i, n in enumerate(names) if n.startswith("Qwen3DecoderLayer_")), None)
+        if layer is None:
+            out.append((launch["args"]["kernel"], None, None))
+            continue
+        child = names[layer + 1].rsplit("_", 1)[0] if layer + 1 < len(names) else None
+        out.append((launch["args"]["kernel"], int(names[layer].rsplit("_", 1)[1]),
+                    QWEN3_CHILDREN[child] if child else "other"))
+    return out
+
+
+def test_module_stack_labels_an_engine_capture():
+    """SGLang's startup capture profiled with Python stacks: each node gets the layer of the
+    `Qwen3DecoderLayer` around its launch and the family of the layer's child around it."""
+    path = public("tracelens_sglang_decode_capture_bs32_mi300x.json.gz")
+    expected = capture_labels(raw_events(path))
+    assert len(expected) == 544 and {lay for _, lay, _ in expected} == {None, *range(36)}
+    donor = capture_donor(load_report(path), load_config())
+    assert donor is not None
+    assert donor.kernels.select("layer", "family").rows() == [(lay, fam) for _, lay, fam in expected]
+
+
+def test_replays_take_labels_from_the_engines_capture(tmp_path):
+    """The SGLang decode replay (no stacks, layers otherwise inferred) takes its labels from
+    the startup capture's profile (`--labels-from`, a report without a decode step): kernel
+    for kernel the capture's launch order, which the replay runs in."""
+    replay, capture = (public(n) for n in ("tracelens_sglang_qwen3_8b_decode_mi300x.json.gz",
+                                           "tracelens_sglang_decode_capture_bs32_mi300x.json.gz"))
+    expected = capture_labels(raw_events(capture))
+    [run] = replays(raw_events(replay))
+    assert [e["name"] for e in run] == [k for k, _, _ in expected]
+    cfg = tmp_path / "w0.toml"
+    cfg.write_text("[steps]\nwarmup = 0\n")
+    done = subprocess.run([sys.executable, "-m", "k3trace.cli", "analyze", str(replay), "--json", "--no-cache",
+                           "--config", str(cfg), "--labels-from", str(capture)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    j = json.loads(done.stdout)
+    labelled = sum(lay is not None for _, lay, _ in expected)
+    assert j["labels"]["sources"]["donor"] == labelled == 540 and j["labels"]["donor_coverage"] == 1.0
+    a = analyze(load_report(replay), load_config(cfg), donor=capture_donor(load_report(capture), load_config()))
+    got = a.kernels.filter(pl.col("label_source") == "donor").sort("start").select("layer", "family").rows()
+    assert got == [(lay, fam) for _, lay, fam in expected if lay is not None]
+    assert [lay["index"] for lay in j["layers"]] == list(range(36))
 
 
 def test_public_capture_without_replay():

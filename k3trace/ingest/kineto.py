@@ -34,7 +34,7 @@ from typing import BinaryIO, Callable
 import polars as pl
 
 from k3trace.errors import ReportError
-from k3trace.ingest import kineto_graphs, mangled, schema
+from k3trace.ingest import kineto_graphs, kineto_modules, mangled, schema
 from k3trace.ingest.chrome_json import JsonError, read_events
 
 #: The event fields read; everything else in an event is skipped while parsing.
@@ -68,9 +68,11 @@ _ROCM_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version")
 
 KERNEL, RUNTIME, DRIVER = "kernel", "cuda_runtime", "cuda_driver"
 ANNOTATION, GPU_ANNOTATION, SYNC = "user_annotation", "gpu_user_annotation", "cuda_sync"
+#: Python frames (`with_stack`): only modules' forwards are kept (kineto_modules.py).
+PYTHON = "python_function"
 #: Older Kineto spelled some categories differently.
 _CATEGORY_ALIASES = {"runtime": RUNTIME, "driver": DRIVER, "hip_runtime": RUNTIME}
-_KEPT = (KERNEL, RUNTIME, DRIVER, ANNOTATION, GPU_ANNOTATION, SYNC)
+_KEPT = (KERNEL, RUNTIME, DRIVER, ANNOTATION, GPU_ANNOTATION, SYNC, PYTHON)
 
 NVTX_PUSH_POP = 59
 _OPENERS: dict[bytes, Callable[..., BinaryIO]] = {b"\x1f\x8b": gzip.open, b"\xfd7zXZ": lzma.open, b"BZh": bz2.open}
@@ -88,7 +90,8 @@ def _keep(frame: pl.DataFrame) -> pl.DataFrame:
     args = pl.col("args")
     grid, block = args.struct.field("grid"), args.struct.field("block")
     return frame.with_columns(_category().alias("cat")).filter(
-        pl.col("cat").is_in(_KEPT), pl.col("ph") == "X"
+        pl.col("cat").is_in(_KEPT), pl.col("ph") == "X",
+        (pl.col("cat") != PYTHON) | pl.col("name").str.starts_with(kineto_modules.MODULE_EVENT),
     ).select(
         pl.col("cat").cast(pl.Categorical),
         pl.col("name").cast(pl.Categorical),
@@ -176,8 +179,9 @@ def _ids(events: pl.DataFrame) -> pl.DataFrame:
 def normalise(events: pl.DataFrame, meta: dict, label: str) -> dict[str, pl.DataFrame]:
     events = _ids(events)
     # Kineto's clock is absolute (microseconds since boot); nsys reports count from the
-    # session start. Rebase on the earliest event read, in integer ns (exact).
-    origin = events["start"].min()
+    # session start. Rebase on the earliest event read, in integer ns (exact); Python frames
+    # (which may open before any GPU work) do not move it.
+    origin = events.filter(pl.col("cat") != PYTHON)["start"].min()
     if origin is not None:
         events = events.with_columns(pl.col("start") - origin, pl.col("end") - origin)
     kernels = events.filter(pl.col("cat") == KERNEL)
@@ -197,8 +201,9 @@ def normalise(events: pl.DataFrame, meta: dict, label: str) -> dict[str, pl.Data
     return {
         "kernels": _cast(kernel_frame.drop("full_name"), "kernels").sort("start", "end"),
         "runtime": _cast(runtime, "runtime"),
-        "nvtx": _annotations(events),
-        "graph_nodes": _cast(graph_nodes, "graph_nodes").sort("start"),
+        "nvtx": pl.concat([_annotations(events), _modules(events)]).sort("start"),
+        "graph_nodes": _cast(graph_nodes.with_columns(short_names(graph_nodes["kernel"]).alias("kernel")),
+                             "graph_nodes").sort("start"),
         "sync": _sync(events),
         "gpus": _gpus(meta),
         "streams": _cast(kernel_frame.select("stream_id", (pl.col("global_pid") // (1 << 24)).alias("pid"),
@@ -240,13 +245,16 @@ def _kernels(kernels: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
     ).drop("launch_pid")
     # Signatures and short names per distinct launch (a few hundred rows), joined back.
     distinct = frame.select("full_name", *launch).unique(maintain_order=True)
-    signed = schema.with_kernel_signature(distinct).with_columns(
-        short_name(pl.col("full_name").cast(pl.String)).alias("name"))
-    # HIP module launches arrive mangled: their short name comes off the mangled name.
-    unmangled = pl.Series([mangled.short_name(n) if n else None for n in signed["full_name"].cast(pl.String)],
-                          dtype=pl.String)
-    signed = signed.with_columns(pl.coalesce(unmangled, pl.col("name")).alias("name"))
+    signed = schema.with_kernel_signature(distinct)
+    signed = signed.with_columns(short_names(signed["full_name"].cast(pl.String)).alias("name"))
     return frame.join(signed, on=["full_name", *launch], how="left", nulls_equal=True).drop(launch)
+
+
+def short_names(full: pl.Series) -> pl.Series:
+    """`short_name` of each name, and of a mangled one (HIP module launches arrive mangled)
+    the identifier read off its mangled form."""
+    unmangled = pl.Series([mangled.short_name(n) if n else None for n in full], dtype=pl.String)
+    return pl.select(pl.coalesce(unmangled, short_name(pl.lit(full)))).to_series()
 
 
 def _annotations(events: pl.DataFrame) -> pl.DataFrame:
@@ -259,6 +267,12 @@ def _annotations(events: pl.DataFrame) -> pl.DataFrame:
         "global_tid", "global_pid",
     )
     return _cast(frame, "nvtx").sort("start")
+
+
+def _modules(events: pl.DataFrame) -> pl.DataFrame:
+    ranges = kineto_modules.module_ranges(events.filter(pl.col("cat") == PYTHON))
+    return _cast(ranges.with_columns(pl.lit(NVTX_PUSH_POP, dtype=pl.Int32).alias("event_type"),
+                                     pl.lit(kineto_modules.DOMAIN).alias("domain")), "nvtx")
 
 
 def _sync(events: pl.DataFrame) -> pl.DataFrame:

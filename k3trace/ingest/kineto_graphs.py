@@ -37,7 +37,7 @@ _NODE_BITS = 32
 
 def _node_frame() -> pl.DataFrame:
     return pl.DataFrame(schema={"start": pl.Int64, "global_tid": pl.Int64, "graph_node_id": pl.Int64,
-                                "original_graph_node_id": pl.Int64, "event": pl.String})
+                                "original_graph_node_id": pl.Int64, "event": pl.String, "kernel": pl.String})
 
 
 def captures(runtime: pl.DataFrame, kernels: pl.DataFrame, launch_names: pl.DataFrame) -> list[dict]:
@@ -185,6 +185,7 @@ def _creation_events(cap: dict, capture_graph: int, exec_graph: int | None) -> p
         "graph_node_id": pl.Series([(capture_graph << _NODE_BITS) + i for i in range(n)], dtype=pl.Int64),
         "original_graph_node_id": pl.Series([None] * n, dtype=pl.Int64),
         "event": pl.Series([NODE_CREATED] * n, dtype=pl.String),
+        "kernel": pl.Series(cap["launched"], dtype=pl.String),   # the full name; kineto.py shortens it
     })
     if exec_graph is None:
         return created
@@ -194,5 +195,6 @@ def _creation_events(cap: dict, capture_graph: int, exec_graph: int | None) -> p
         "graph_node_id": pl.Series([(exec_graph << _NODE_BITS) + i for i in range(n)], dtype=pl.Int64),
         "original_graph_node_id": created["graph_node_id"],
         "event": pl.Series([NODE_CREATED] * n, dtype=pl.String),
+        "kernel": created["kernel"],
     })
     return pl.concat([created, cloned])

@@ -220,7 +220,7 @@ def graph_nodes(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
     raw = src.read(table, cols, integers=cols)
     frame = _resolve(raw, strings, "nameId", "event").rename(
         {"globalTid": "global_tid", "graphNodeId": "graph_node_id", "originalGraphNodeId": "original_graph_node_id"}
-    )
+    ).with_columns(pl.lit(None, dtype=pl.String).alias("kernel"))
     return sorted_by(_cast(frame, "graph_nodes"), "start")
 
 

@@ -66,6 +66,8 @@ GRAPH_NODES = pl.Schema(
         "graph_node_id": pl.Int64,
         "original_graph_node_id": pl.Int64,
         "event": pl.String,          # e.g. `Graph Node Creation`
+        "kernel": pl.String,         # the kernel a capture's launch created the node for, where the
+                                     # trace names it (Kineto of HIP); null in nsys exports
     }
 )
 

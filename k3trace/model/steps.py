@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from k3trace.config import Config
-from k3trace.errors import ReportError
+from k3trace.errors import NoDecodeSteps, ReportError
 from k3trace.ingest import Trace
 from k3trace.model.frames import looked_up
 from k3trace.model.launches import capture_nodes, kernels_with_launch
@@ -143,7 +143,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
     forms = range_forms(ranges)
     if steps.is_empty():
         replays = "a graph capture but no replay of it" if not trace.graph_nodes.is_empty() else "no graph replays"
-        raise ReportError(
+        raise NoDecodeSteps(
             f"{trace.source}: no decode steps found ({replays}, no NVTX ranges matching "
             f"{cfg.step_nvtx_pattern!r}, no repeating kernel sequence)",
             "record a decode loop of several steps, or set [steps] nvtx_pattern in a --config file",

@@ -8,6 +8,8 @@ gets the layer of the innermost range around its launch that carries `layers.<N>
 is that of the layer's child module the range sits in (`[[labels.modules]]`), `other` for a
 child matching no entry and for kernels the layer launches itself (norms, residual adds). An
 `attention` child becomes `kda` or `mla` by the name rules of the kernels inside it.
+torch.profiler's module stack arrives as the same ranges (ingest/kineto_modules.py), with
+class names where the engines write attribute names.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ OUTPUT_RANGE = r"^\{'Module': '[^']*', 'Outputs'"
 ATTENTION = "attention"
 OTHER = "other"
 
-PREFIX_CONVENTIONS = (("vllm", r"^top\."), ("sglang", r"^model\.model\."), ("tensorrt-llm", r"^[A-Z][A-Za-z0-9_]*\."))
+PREFIX_CONVENTIONS = (("vllm", r"^top\."), ("sglang", r"^model\.model\."), ("tensorrt-llm", r"^[A-Z][A-Za-z0-9_]*\."),
+                      ("torch.profiler", r"^torch\."))
 
 
 def module_ranges(trace: Trace, cfg: Config, pid: int) -> pl.DataFrame:

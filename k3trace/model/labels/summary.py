@@ -19,14 +19,14 @@ SOURCES = (NVTX_SOURCE, MODULE_SOURCE, GRAPH_SOURCE, ALIGNED_SOURCE, DONOR_SOURC
 STEP_CONVENTIONS = (("vllm", r"^execute_"), ("sglang", r"^scheduler\.run_batch|^step\[DECODE"),
                     ("tensorrt-llm", r"_forward_step"), ("k3trace", r"decode_step"))
 #: Conventions whose module paths number layers from 0 (an inferred layer then does too).
-ZERO_BASED = ("vllm", "sglang", "tensorrt-llm", "module-path")
+ZERO_BASED = ("vllm", "sglang", "tensorrt-llm", "module-path", "torch.profiler")
 
 
 @dataclass(frozen=True)
 class LabelSummary:
     sources: dict[str, int]                 # kernels per source
     time_share: dict[str, float]            # share of all kernel time per source
-    convention: str                         # k3trace, vllm, sglang, tensorrt-llm, module-path, none
+    convention: str                         # k3trace, vllm, sglang, tensorrt-llm, torch.profiler, module-path, none
     evidence: str                           # what the convention was read from
     inferred: tuple[dict[str, Any], ...] = field(default_factory=tuple)   # per inferred unit
     donor: str | None = None                # the --labels-from report
