@@ -25,7 +25,7 @@ from k3trace.analyses.whatif import NO_PDL, PDL, Change, parse_change, what_if
 from k3trace.config import load_config
 from k3trace.diff import ADDED, MATCHED, REMOVED, diff
 from k3trace.errors import ReportError
-from k3trace.ingest import load_report, mangled
+from k3trace.ingest import kineto_modules, load_report, mangled
 from k3trace.model.labels.capture import capture_donor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -407,6 +407,25 @@ def test_module_stack_labels_an_engine_capture():
     donor = capture_donor(load_report(path), load_config())
     assert donor is not None
     assert donor.kernels.select("layer", "family").rows() == [(lay, fam) for _, lay, fam in expected]
+
+
+def test_layers_are_the_outermost_repeated_modules():
+    """Two decoder layers, each a MoE block calling six experts: the experts are more numerous
+    under one parent, but the layers are what repeats outermost."""
+    rows = [(-5, 1000, "Model_0")]
+    for layer in range(2):
+        base = 500 * layer
+        rows += [(base, base + 400, f"DecoderLayer_{layer}"), (base + 10, base + 90, f"Qwen3Attention_{layer}"),
+                 (base + 100, base + 390, f"SparseMoeBlock_{layer}")]
+        rows += [(base + 110 + 40 * e, base + 140 + 40 * e, f"ExpertMLP_{6 * layer + e}") for e in range(6)]
+    events = pl.DataFrame({"start": [r[0] for r in rows], "end": [r[1] for r in rows],
+                           "name": ["nn.Module: " + r[2] for r in rows], "global_tid": [7] * len(rows),
+                           "global_pid": [0] * len(rows)})
+    ranges = kineto_modules.module_ranges(events)
+    texts = dict(zip(ranges["start"], ranges["text"]))
+    assert ranges.height == 2 * (3 + 6) and -5 not in texts   # every module inside a layer; the model is none
+    assert texts[0] == "torch.layers.0" and texts[510] == "torch.layers.1.Qwen3Attention"
+    assert texts[500 + 110 + 40 * 3] == "torch.layers.1.SparseMoeBlock.ExpertMLP"
 
 
 def test_replays_take_labels_from_the_engines_capture(tmp_path):

@@ -3,8 +3,8 @@
 With `with_stack=True` (SGLang's `/start_profile` default) Kineto records every module's
 forward as a `python_function` event `nn.Module: Qwen3DecoderLayer_12` on the calling
 thread: the class and its instance number, no attribute path. The events nest as the calls
-do, so each has a parent; the layer class is the one with the most instances under one
-parent instance (36 `Qwen3DecoderLayer` under `Qwen3Model_0`), its instance number the
+do, so each has a parent; the layer class is the outermost one with several instances under
+one parent instance (36 `Qwen3DecoderLayer` under `Qwen3Model_0`), its instance number the
 layer index (instances are numbered in call order). Every module inside a layer becomes an
 NVTX range in domain `nn.Module` whose text is the path the module labels read,
 `torch.layers.12.Qwen3Attention.RadixAttention` (layer, then class names downward), so a
@@ -69,13 +69,24 @@ def _parents(tid: list, start: list, end: list) -> list[int | None]:
 
 
 def _layer_class(module: list[str], parent: list[int | None]) -> str | None:
-    """The class with the most distinct instances under one parent instance (at least two)."""
+    """The outermost class with several instances under one parent instance (the most
+    instances among equally deep ones): the decoder layers, not the experts a MoE block
+    holds (up to 128 under one block in an eager transformers model, but deeper)."""
+    depth = [0] * len(parent)
+    for i, p in enumerate(parent):   # a parent comes before its children
+        depth[i] = 0 if p is None else depth[p] + 1
     children: dict[tuple[str, str], set[str]] = defaultdict(set)
+    level: dict[tuple[str, str], int] = {}
     for i, p in enumerate(parent):
         if p is not None:
-            children[(module[p], _split(module[i])[0])].add(module[i])
+            key = (module[p], _split(module[i])[0])
+            children[key].add(module[i])
+            level[key] = min(level.get(key, depth[i]), depth[i])
+    # Per class, its repeated groups' shallowest depth and their largest size.
+    shallowest: dict[str, int] = {}
     most: dict[str, int] = {}
-    for (_, cls), instances in children.items():
-        most[cls] = max(most.get(cls, 0), len(instances))
-    best = max(most.items(), key=lambda kv: (kv[1], kv[0]), default=None)
-    return best[0] if best is not None and best[1] >= 2 else None
+    for (parent_module, cls), instances in children.items():
+        if len(instances) >= 2:
+            shallowest[cls] = min(shallowest.get(cls, level[(parent_module, cls)]), level[(parent_module, cls)])
+            most[cls] = max(most.get(cls, 0), len(instances))
+    return min(most, key=lambda cls: (shallowest[cls], -most[cls], cls), default=None)
