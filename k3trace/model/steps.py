@@ -142,11 +142,14 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
     steps = _step_table(kernels, signature)
     forms = range_forms(ranges)
     if steps.is_empty():
-        replays = "a graph capture but no replay of it" if not trace.graph_nodes.is_empty() else "no graph replays"
+        captured = not trace.graph_nodes.is_empty()
+        replays = "a graph capture but no replay of it" if captured else "no graph replays"
         raise NoDecodeSteps(
             f"{trace.source}: no decode steps found ({replays}, no NVTX ranges matching "
             f"{cfg.step_nvtx_pattern!r}, no repeating kernel sequence)",
-            "record a decode loop of several steps, or set [steps] nvtx_pattern in a --config file",
+            "record a decode loop of several steps, or set [steps] nvtx_pattern in a --config file"
+            + ("; a profile of the capture alone can lend its labels to one of the replays (--labels-from)"
+               if captured else ""),
         )
     return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others,
                           range_form=forms[0][0] if forms else None, range_forms=forms, range_count=ranges.height)
