@@ -67,7 +67,8 @@ def _no_args() -> tuple[type[BaseException], ...]:
 
 
 def _aborts() -> tuple[type[BaseException], ...]:
-    return (*(c.exceptions.Abort for c in _clicks()), typer.Abort)
+    # typer 0.28's own click keeps Abort in typer.exceptions only.
+    return (*(c.exceptions.Abort for c in _clicks() if hasattr(c.exceptions, "Abort")), typer.Abort)
 
 
 class OneLineUsageErrors(TyperGroup):
@@ -621,7 +622,7 @@ def _run_diff(opts: DiffOptions) -> None:
     else:
         _stdout(opts.width).print(render_diff(result))
     _answered.set()
-    if opts.fail_on == "slower" and result.verdict_itl == SLOWER:
+    if opts.fail_on == "slower" and result.verdict == SLOWER:
         raise typer.Exit(1)
 
 

@@ -278,3 +278,19 @@ def test_piped_output_keeps_kernel_names_whole(trace_sqlite, tmp_path):
         assert "…" not in done.stdout
         joined = "".join(line.split()[0] if line.split() else "" for line in done.stdout.splitlines())
         assert "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_NNT" in joined
+
+
+def test_internal_error_keeps_its_traceback_under_debug(trace_sqlite, monkeypatch):
+    """An internal error prints one line; with K3TRACE_DEBUG it propagates as itself (the
+    CLI's own exception handling once raised an AttributeError over it under typer 0.28)."""
+    import k3trace.cli as cli
+
+    def broken(opts):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "_run_analyze", broken)
+    path = str(trace_sqlite("small_inside_a"))
+    quiet = runner.invoke(app, ["analyze", path, "--no-cache"])
+    assert quiet.exit_code == 1 and "internal error: RuntimeError: boom" in quiet.output
+    loud = runner.invoke(app, ["analyze", path, "--no-cache"], env={"K3TRACE_DEBUG": "1"})
+    assert isinstance(loud.exception, RuntimeError) and str(loud.exception) == "boom"

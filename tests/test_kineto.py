@@ -452,6 +452,34 @@ def test_replays_take_labels_from_the_engines_capture(tmp_path):
     assert [lay["index"] for lay in j["layers"]] == list(range(36))
 
 
+def test_one_step_traces_diff_and_render(tmp_path):
+    """Engines' torch.profiler traces often hold one decode step: no period, so no ITL. The
+    diff still compares spans (its verdict is the span's, and it says why), and every form
+    renders, the HTML pages included."""
+    path = public("tracelens_vllm_decode_full_graph_mi300x.json.gz")
+    cfg = tmp_path / "w0.toml"
+    cfg.write_text("[steps]\nwarmup = 0\n")
+    [run] = replays(raw_events(path))
+    span_us = (max(ns(e["ts"]) + ns(e["dur"]) for e in run) - min(ns(e["ts"]) for e in run)) / 1e3
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "k3trace.cli", *args, "--no-cache", "--config", str(cfg)],
+                              capture_output=True, text=True, timeout=300)
+
+    done = cli("diff", str(path), str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    j = json.loads(done.stdout)
+    assert j["itl_delta_us"] is None and j["verdict_itl"] == "n/a" and j["verdict"] == "within_noise"
+    assert j["span_delta_us"] == 0 and any("no step period" in c for c in j["caveats"])
+    for extra in ([], ["--format", "markdown"], ["--html", str(tmp_path / "d.html")]):
+        done = cli("diff", str(path), str(path), *extra)
+        assert done.returncode == 0 and "internal error" not in done.stderr, done.stderr
+    done = cli("analyze", str(path), "--html", str(tmp_path / "a.html"), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["steps"]["span_median_us"] == pytest.approx(span_us, abs=1e-3)
+    assert (tmp_path / "a.html").stat().st_size > 0 and (tmp_path / "d.html").stat().st_size > 0
+
+
 def test_public_capture_without_replay():
     """SGLang's capture of the bs=32 decode graph: the capture's launches become node-creation
     events (HIP launches name their kernels), but no replay means no decode step."""

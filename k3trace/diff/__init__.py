@@ -35,9 +35,9 @@ EXPLAINED_SHARE = 0.02
 class Diff:
     old: tuple[Analysis, ...]
     new: tuple[Analysis, ...]
-    itl_delta_us: float
+    itl_delta_us: float | None      # None where a run has one step (no period)
     span_delta_us: float
-    host_delta_us: float
+    host_delta_us: float | None     # likewise
     noise_band_us: float | None     # of the ITL (step period)
     span_noise_band_us: float | None
     noise_source: str | None        # repeats | resampling | None
@@ -58,8 +58,9 @@ class Diff:
 
     @property
     def verdict(self) -> str:
-        """The ITL verdict (what a user feels per token)."""
-        return self.verdict_itl
+        """The ITL verdict (what a user feels per token); the GPU span's where a run of one
+        step leaves no step period to compare."""
+        return self.verdict_span if self.verdict_itl == noise.NO_PERIOD else self.verdict_itl
 
     @property
     def skew_us(self) -> float:
@@ -95,12 +96,16 @@ class Diff:
 
     def summary(self) -> str:
         """The verdict in one sentence, span and host share apart."""
+        words = {noise.FASTER: "faster", noise.SLOWER: "slower", noise.WITHIN_NOISE: "within noise"}
+        if self.itl_delta_us is None:
+            return (f"GPU step span {self.span_delta_us:+.2f} us ({words[self.verdict_span]}); no ITL: a run of one "
+                    "step has no step period")
         if self.verdict_span == noise.WITHIN_NOISE and self.verdict_itl != noise.WITHIN_NOISE:
             return (f"GPU work unchanged; ITL moved by {self.itl_delta_us:+.2f} us of host/launch time "
                     f"(span {self.span_delta_us:+.2f} us is within noise)")
-        words = {noise.FASTER: "faster", noise.SLOWER: "slower", noise.WITHIN_NOISE: "within noise"}
+        host = "-" if self.host_delta_us is None else f"{self.host_delta_us:+.2f} us"
         return (f"ITL {self.itl_delta_us:+.2f} us/step ({words[self.verdict_itl]}); GPU step span "
-                f"{self.span_delta_us:+.2f} us ({words[self.verdict_span]}); host share {self.host_delta_us:+.2f} us")
+                f"{self.span_delta_us:+.2f} us ({words[self.verdict_span]}); host share {host}")
 
     def caveats(self) -> list[str]:
         """What the reader must know before trusting the verdict or the ranking."""
@@ -110,6 +115,9 @@ class Diff:
                        "record repeats and pass --old A1 --old A2 --new B1 --new B2")
         elif self.noise_source is None:
             out.append("too few stable steps for a noise band")
+        if self.itl_delta_us is None:
+            out.append("a run of one stable step has no step period: no ITL to compare, and the verdict is the GPU "
+                       "span's; record at least two decode steps per run")
         if self.span_noise_band_us is not None and abs(self.skew_us) > self.span_noise_band_us:
             out.append(f"the median step moved {self.skew_us:+.2f} us more than the mean step: the step-time "
                        f"distribution changed shape (the edits add up to the mean's change)")
@@ -234,8 +242,15 @@ class Diff:
         }
 
 
-def _median_of_runs(runs: Sequence[Analysis], key: str) -> float:
-    return statistics.median(a.step_stats[key]["median"] for a in runs)
+def _median_of_runs(runs: Sequence[Analysis], key: str) -> float | None:
+    """The median over runs of each run's median; None where a run has none (a run of one
+    step has no period and no host share)."""
+    values = [a.step_stats[key]["median"] for a in runs]
+    return None if any(v is None for v in values) else statistics.median(values)
+
+
+def _delta(new: float | None, old: float | None) -> float | None:
+    return None if new is None or old is None else new - old
 
 
 def _representative(runs: Sequence[Analysis]) -> Analysis:
@@ -280,9 +295,9 @@ def _noise(old: Sequence[Analysis], new: Sequence[Analysis], key: str) -> tuple[
 
 def diff(old: Sequence[Analysis], new: Sequence[Analysis], *, seed: int = 0) -> Diff:
     old, new = tuple(old), tuple(new)
-    itl = _median_of_runs(new, "period") - _median_of_runs(old, "period")
+    itl = _delta(_median_of_runs(new, "period"), _median_of_runs(old, "period"))
     span_delta = _median_of_runs(new, "span") - _median_of_runs(old, "span")
-    host = _median_of_runs(new, "host") - _median_of_runs(old, "host")
+    host = _delta(_median_of_runs(new, "host"), _median_of_runs(old, "host"))
     band, source = _noise(old, new, "period")
     span_band, _ = _noise(old, new, "span")
     rep_old, rep_new = _representative(old), _representative(new)
@@ -297,7 +312,7 @@ def diff(old: Sequence[Analysis], new: Sequence[Analysis], *, seed: int = 0) -> 
                                 on="player").sort("group", "player")
     modelled = attr.modelled_ns / 1e3
     values = (itl, span_delta, host, modelled, attr.base_span_ns, mean_delta)
-    if not all(math.isfinite(v) for v in values):  # a bug, never a number to print
+    if not all(math.isfinite(v) for v in values if v is not None):  # a bug, never a number to print
         raise ValueError(f"diff produced a non-finite value: {values}")
     return Diff(
         old=old, new=new,

@@ -9,6 +9,8 @@ import itertools
 import numpy as np
 
 FASTER, SLOWER, WITHIN_NOISE = "faster", "slower", "within_noise"
+#: No verdict: a run of one step has no step period, so no ITL to compare.
+NO_PERIOD = "n/a"
 RESAMPLES = 400
 
 
@@ -29,7 +31,9 @@ def from_resampling(old_steps: np.ndarray, new_steps: np.ndarray, seed: int = 0)
     return float(hi - lo) / 2
 
 
-def verdict(delta: float, band: float | None) -> str:
+def verdict(delta: float | None, band: float | None) -> str:
+    if delta is None:
+        return NO_PERIOD
     if band is not None and abs(delta) <= band:
         return WITHIN_NOISE
     if band is None and delta == 0:

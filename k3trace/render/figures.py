@@ -287,7 +287,8 @@ def step_distributions(dists: dict[str, pl.DataFrame], centrals: dict[str, dict[
                        bands: dict[str, float | None], title: str) -> go.Figure:
     """Old and new stable steps, period and span, on shared bins (diff.sides); each side's
     central value marked, the new one with the metric's noise band around the old."""
-    metrics = [m for m in ("period", "span") if m in dists]
+    # A run of one step has no period: that panel is left out.
+    metrics = [m for m in ("period", "span") if m in dists and None not in centrals[m].values()]
     names = {"period": "period (ITL proxy)", "span": "GPU span"}
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[names[m] for m in metrics],
                         horizontal_spacing=0.08)

@@ -125,10 +125,13 @@ def analysis_page(a: Analysis) -> str:
         ("kernels per step", f"{int(a.steps['kernels_expected'][0]):,}"),
         ("labels", ", ".join(f"{s} {n:,}" for s, n in a.label_sources.items())),
     ])
+    def us(key: str) -> str:   # a one-step trace has no period and no host share
+        value = q[key]["median"]
+        return "-" if value is None else f"{value:,.2f} us"
+
     header = (f"<h1>k3trace analyze: {esc(a.report)}</h1>"
-              f"<p class='verdict'>step period (ITL proxy) <b>{q['period']['median']:,.2f} us</b> median, "
-              f"GPU span {q['span']['median']:,.2f} us, host share {q['host']['median']:,.2f} us, two-stream "
-              f"residency {q['residency']['median']:,.2f} us"
+              f"<p class='verdict'>step period (ITL proxy) <b>{us('period')}</b> median, "
+              f"GPU span {us('span')}, host share {us('host')}, two-stream residency {us('residency')}"
               + (f"; pre-attention window {pre['median']:.2f} us" if pre else "") + "</p>"
               + completeness_block(a) + meta
               + "".join(f"<p class='meta'>note: {esc(n)}</p>" for n in a.notes))
@@ -223,9 +226,10 @@ def _read_together(d) -> str:
     return f"<p>Read together: {esc(READ_TOGETHER)}.</p><ul class='findings'>{items}</ul>"
 
 
-def _verdict(label: str, delta: float, band: float | None, source: str | None, verdict: str) -> str:
+def _verdict(label: str, delta: float | None, band: float | None, source: str | None, verdict: str) -> str:
     band_text = "no noise band" if band is None else f"noise band ±{band:.2f} us ({esc(source)})"
-    return (f"<p class='verdict'>{label} <b class='{esc(verdict)}'>{delta:+,.2f} us</b> per step, {band_text}: "
+    shown = "-" if delta is None else f"{delta:+,.2f} us"
+    return (f"<p class='verdict'>{label} <b class='{esc(verdict)}'>{shown}</b> per step, {band_text}: "
             f"<b class='{esc(verdict)}'>{esc(verdict.replace('_', ' '))}</b></p>")
 
 
@@ -250,7 +254,7 @@ def diff_page(d) -> str:
                       ("new", ", ".join(printable(a.report) for a in d.new))])
         + _verdict("ITL (step period)", d.itl_delta_us, d.noise_band_us, d.noise_source, d.verdict_itl)
         + _verdict("GPU step span", d.span_delta_us, d.span_noise_band_us, d.noise_source, d.verdict_span)
-        + f"<p class='verdict'>host share {d.host_delta_us:+,.2f} us per step</p>"
+        + ("" if d.host_delta_us is None else f"<p class='verdict'>host share {d.host_delta_us:+,.2f} us per step</p>")
         + (f"<p><b>{esc(d.summary())}</b></p>" if d.verdict_span != d.verdict_itl else "")
         + (f"<div class='banner warn'><b>read before trusting the ranking</b><ul class='findings'>{caveats}</ul>"
            "</div>" if caveats else "")

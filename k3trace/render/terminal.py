@@ -210,8 +210,8 @@ def diff_markdown(d, top: int = 10) -> str:
     lines = [
         f"**k3trace diff**: {cell(d.summary())}",
         "",
-        f"- ITL (step period): **{d.itl_delta_us:+.2f} us/step**, noise band {band}: {_verdict(d.verdict_itl)}",
-        f"- GPU step span: {d.span_delta_us:+.2f} us: {_verdict(d.verdict_span)}; host share {d.host_delta_us:+.2f} us",
+        f"- ITL (step period): **{_signed(d.itl_delta_us)} us/step**, noise band {band}: {_verdict(d.verdict_itl)}",
+        f"- GPU step span: {d.span_delta_us:+.2f} us: {_verdict(d.verdict_span)}; host share {_signed(d.host_delta_us)} us",
         f"- replayed: {d.modelled_us:+.2f} us of the mean step's {d.mean_span_delta_us:+.2f} us "
         f"(residual {d.residual_us:+.2f} us; the median step moved {d.skew_us:+.2f} us more)",
         *(f"- note: {cell(c)}" for c in d.caveats()),
