@@ -101,3 +101,26 @@ def test_period_steps_when_neither_graph_nor_nvtx(trace_sqlite, tmp_path):
     assert int(a.steps["kernels_expected"][0]) == 124
     # The period found is the replay's: same median step period within 1%.
     assert a.step_stats["period"]["median"] == pytest.approx(base.step_stats["period"]["median"], rel=0.01)
+
+
+def test_a_blocking_call_is_no_silent_stretch(trace_sqlite, tmp_path):
+    """6 ms inside the annotated eager step with no runtime call start: dropped records when
+    the thread was outside any call then, not when one call (a synchronous copy, a
+    synchronize) ran through it; SGLang's public profile spends 463 ms in one
+    hipMemcpyWithStream."""
+    with sqlite3.connect(trace_sqlite("small_inside_a")) as con:
+        step_start, step_end, tid = con.execute(
+            "SELECT n.start, n.end, n.globalTid FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+            "WHERE coalesce(n.text, s.value) LIKE 'decode_step%' ORDER BY n.end - n.start DESC LIMIT 1").fetchone()
+        first = con.execute("SELECT rowid, end FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE globalTid = ? AND start > ? "
+                            "ORDER BY start LIMIT 1 OFFSET 5", (tid, step_start)).fetchone()
+    window = 6_000_000
+    assert step_end - first[1] > window + 1_000_000   # the stretch lies inside the step range
+    quiet = (f"DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE globalTid = {tid} AND start > {first[1]} "
+             f"AND start < {first[1] + window}")
+    dropped = run(copy_with(trace_sqlite, tmp_path, quiet)).completeness.problems
+    assert any("stretches inside decode-step ranges have no CUDA record" in p for p in dropped)
+    (tmp_path / "blocked").mkdir()
+    blocked = run(copy_with(trace_sqlite, tmp_path / "blocked", quiet,
+                            f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET end = {first[1] + window} WHERE rowid = {first[0]}"))
+    assert not any("stretches inside decode-step ranges" in p for p in blocked.completeness.problems)

@@ -187,9 +187,13 @@ def silent_ranges(trace: Trace, cfg: Config, pid: int) -> tuple[int, list[str]]:
             "records were dropped; record again"
         )
     steps = ranges.filter(pl.col("text").str.contains(cfg.step_nvtx_pattern))
+    # Silence runs from the end of the calls before (a blocking copy or synchronize can last
+    # far longer than the stretch: SGLang's profile spends 463 ms in one hipMemcpyWithStream).
+    ends = trace.runtime.filter(pl.col("global_pid") == pid).select(
+        "global_tid", pl.col("start").alias("t"), pl.col("end").fill_null(pl.col("start"))).sort("t")
     gaps = (
-        calls.with_columns((pl.col("t") - pl.col("t").shift(1).over("global_tid")).alias("silence"),
-                           pl.col("t").shift(1).over("global_tid").alias("from"))
+        ends.with_columns(pl.col("end").cum_max().shift(1).over("global_tid").alias("from"))
+        .with_columns((pl.col("t") - pl.col("from")).alias("silence"))
         .filter(pl.col("silence") > cfg.silent_stretch_ns)
     )
     if not gaps.is_empty() and not steps.is_empty():
