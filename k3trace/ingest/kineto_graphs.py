@@ -32,7 +32,7 @@ INSTANTIATE = r"^(cuda|cu|hip)GraphInstantiate"
 DRIVER_LAUNCH = r"^cu[A-Z]"
 NODE_CREATED = "Graph Node Creation"
 
-_NODE_BITS = 32
+NODE_BITS = 32
 
 
 def _node_frame() -> pl.DataFrame:
@@ -164,7 +164,7 @@ def derive(kernels: pl.DataFrame, runtime: pl.DataFrame,
             order = list(range(rep.height))   # start order: stable across replays, not capture order
         maps.append(rep.select("stream_id", "pos").with_columns(
             pl.lit(graph, dtype=pl.Int64).alias("graph"),
-            (pl.lit(exec_graph << _NODE_BITS, dtype=pl.Int64) + pl.Series(order, dtype=pl.Int64)).alias("graph_node_id"),
+            (pl.lit(exec_graph << NODE_BITS, dtype=pl.Int64) + pl.Series(order, dtype=pl.Int64)).alias("graph_node_id"),
         ))
         if cap is not None:
             events.append(_creation_events(cap, capture_graph, exec_graph))
@@ -182,7 +182,7 @@ def _creation_events(cap: dict, capture_graph: int, exec_graph: int | None) -> p
     created = pl.DataFrame({
         "start": pl.Series(cap["launch_start"], dtype=pl.Int64),
         "global_tid": pl.Series([cap["tid"]] * n, dtype=pl.Int64),
-        "graph_node_id": pl.Series([(capture_graph << _NODE_BITS) + i for i in range(n)], dtype=pl.Int64),
+        "graph_node_id": pl.Series([(capture_graph << NODE_BITS) + i for i in range(n)], dtype=pl.Int64),
         "original_graph_node_id": pl.Series([None] * n, dtype=pl.Int64),
         "event": pl.Series([NODE_CREATED] * n, dtype=pl.String),
         "kernel": pl.Series(cap["launched"], dtype=pl.String),   # the full name; kineto.py shortens it
@@ -192,7 +192,7 @@ def _creation_events(cap: dict, capture_graph: int, exec_graph: int | None) -> p
     cloned = pl.DataFrame({
         "start": pl.Series([cap["instantiated"]] * n, dtype=pl.Int64),
         "global_tid": pl.Series([cap["tid"]] * n, dtype=pl.Int64),
-        "graph_node_id": pl.Series([(exec_graph << _NODE_BITS) + i for i in range(n)], dtype=pl.Int64),
+        "graph_node_id": pl.Series([(exec_graph << NODE_BITS) + i for i in range(n)], dtype=pl.Int64),
         "original_graph_node_id": created["graph_node_id"],
         "event": pl.Series([NODE_CREATED] * n, dtype=pl.String),
         "kernel": created["kernel"],

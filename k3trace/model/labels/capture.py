@@ -14,12 +14,11 @@ import polars as pl
 
 from k3trace.config import Config
 from k3trace.ingest import Trace
+from k3trace.ingest.kineto_graphs import NODE_BITS
 from k3trace.ingest.schema import global_pid
 from k3trace.model.labels import modules, own
 from k3trace.model.labels.donor import LabelDonor
 from k3trace.model.labels.ranges import innermost
-
-_NODE_BITS = 32
 
 
 def capture_donor(trace: Trace, cfg: Config) -> LabelDonor | None:
@@ -29,7 +28,7 @@ def capture_donor(trace: Trace, cfg: Config) -> LabelDonor | None:
     if created.is_empty():
         return None
     nodes = created.select("graph_node_id", pl.col("kernel").alias("name"), pl.col("global_tid").alias("tid"),
-                           pl.col("start").alias("at"), (pl.col("graph_node_id") // (1 << _NODE_BITS)).alias("graph"),
+                           pl.col("start").alias("at"), (pl.col("graph_node_id") // (1 << NODE_BITS)).alias("graph"),
                            global_pid(pl.col("global_tid")).alias("pid"))
     best = None
     for (graph, pid), part in nodes.group_by("graph", "pid", maintain_order=True):
