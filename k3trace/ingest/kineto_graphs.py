@@ -32,6 +32,7 @@ INSTANTIATE = r"^(cuda|cu|hip)GraphInstantiate"
 DRIVER_LAUNCH = r"^cu[A-Z]"
 NODE_CREATED = "Graph Node Creation"
 
+#: A node id made here is `graph << NODE_BITS | index of the node in its graph`.
 NODE_BITS = 32
 
 
