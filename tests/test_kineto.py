@@ -284,7 +284,7 @@ def test_public_rocm_replay_infers_no_pdl(name, tmp_path):
     assert a.pdl_summary["edges_per_step"] == 0
     assert a.pdl_summary["gaps_per_step"] == len(gaps)
     assert a.pdl_summary["gap_us_per_step"] * 1e3 == pytest.approx(sum(gaps), abs=1e-6)
-    assert not a.path["pdl"].any()
+    assert not a.path["pdl"].any() and a.to_json()["pdl"]["inferred"] is False
     assert any("ROCm trace: no PDL edges are inferred" in n for n in a.notes)
     for change in (Change(NO_PDL), parse_change(PDL, run[0]["name"].split("(")[0].removeprefix("void "))):
         with pytest.raises(ReportError, match="no PDL to add or take away"):
@@ -303,6 +303,7 @@ def test_cuda_kineto_trace_still_infers_pdl(fixture_events, fixture_analysis):
                            for s in spans.values() for a, b in zip(sorted(s), sorted(s)[1:])))
     assert statistics.median(chained) == fixture_analysis.pdl_summary["edges_per_step"] == 1
     assert not any("no PDL edges are inferred" in n for n in fixture_analysis.notes)
+    assert fixture_analysis.to_json()["pdl"]["inferred"] is True
 
 
 #: The public SGLang trace's mangled HIP kernels (hipModuleLaunchKernel) and the identifier

@@ -154,7 +154,7 @@ class Analysis:
             ).to_dicts(),
             "layers": self.layers.to_dicts(),
             "labels": self.label_summary.to_json(),
-            "pdl": self.pdl_summary,
+            "pdl": {**self.pdl_summary, "inferred": self.config.infers_pdl},   # not on HIP
             "critical_path": self.critical_summary(),
             "completeness": {"ok": self.completeness.ok, "problems": list(self.completeness.problems),
                              "excluded_rows": self.completeness.excluded_rows,
