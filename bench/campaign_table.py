@@ -53,6 +53,13 @@ STANDALONE = {
     # The pair's mean over the step's aggregations (1..8 bank rows each), back to back.
     "attn_res_wide": (186, "attn_res_wide", "c68: pair at the default chunk, back to back",
                       "attn_res_wide: pair at 1024 columns, back to back"),
+    # Round seventeen (case mla_hops): the MLA segment's two legs up to the FMHA, back to back.
+    "mla_absorb_concat": (24, "mla_hops", "c69: both legs -> reader", "mla_absorb_concat: both legs -> reader"),
+    "mla_kv_norm_insert": (24, "mla_hops", "c69: both legs -> reader", "mla_kv_norm_insert: both legs -> reader"),
+    "mla_absorb_concat+mla_kv_norm_insert": (24, "mla_hops", "c69: both legs -> reader",
+                                             "mla_absorb_concat+mla_kv_norm_insert: both legs -> reader"),
+    "mla_gate_in_o_proj": (24, "mla_hops", "c69: V-up -> gate_mul -> o_proj",
+                           "mla_gate_in_o_proj: V-up -> o_proj with the gate"),
 }
 #: Changes whose standalone figure sums several chains of one case: (layers, case, old keys, new keys).
 STANDALONE_SUMS = {

@@ -294,3 +294,26 @@ pl.DataFrame(r14["floor_segments"]["c69"]).with_columns(ratio=pl.col("median_us"
 # %%
 pl.concat([pl.DataFrame(rows).with_columns(change=pl.lit(name)) for name, rows in r14["floor_segments"].items()
            if "->" in name]).select("change", "kind", "per_step", "old_us", "new_us", "delta_us", "delta_us_per_step")
+
+
+# %% [markdown]
+# ## Round seventeen: the MLA hop removals measured, c72 kept; the hop floor
+# c72 = c69 + mla_absorb_concat + mla_kv_norm_insert (the two copies before the FMHA go). Alone,
+# neither gains unprofiled: the two legs into the FMHA are co-critical, so shortening one leaves
+# the other binding (k3trace's diff of c70 shows the FMHA recording the wait, +11 us). Both
+# together gain 0.04-0.08 ms, as the standalone chain says (-57 us). The gated o_proj (c73) is
+# 0.33 ms slower. A hop costs about 0.8 us even with an early PDL trigger.
+
+# %%
+r17 = full["round17"]
+against_base(per_build(unprofiled_runs(r17)), ["c69", "c69+mla_absorb_concat+mla_kv_norm_insert"])
+
+# %%
+diff_rows(r17)
+
+# %%
+pl.DataFrame({"chain": list(r17["standalone_us"]), "us": list(r17["standalone_us"].values())})
+
+# %%
+pl.DataFrame({"chain of 32 launches": list(r17["hop_floor_us_per_hop"]),
+              "us_per_launch": list(r17["hop_floor_us_per_hop"].values())})

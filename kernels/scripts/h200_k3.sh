@@ -727,16 +727,20 @@ campaign55)  # round 15, prepared: the MLA hop removals' GPU tests (ops; C69 bit
     -k "kv_norm_insert or query_rows or head_bmm or mla_hops or skinny_mm_k3 or hop or rmsnorm" 2>&1 | tee $OUT/gpu55.log | tail -2
   timeout 100 python3 bench/hop_floor.py --json $OUT/hops55.json 2>&1 | grep "per hop"
   timeout 200 python3 bench/bench_k3_ops.py --batch 1 --cases mla_hops --json $OUT/ops55_b1.json 2>&1 | grep "  " ;;
-campaign55_step)  # round 15: C69 / C70 / C71 / C72 / C73 unprofiled, 3 rounds
+campaign55_step)  # round 17 ran it as two lists of two rounds: C69 / C70 / C71 / C72 / C73 unprofiled
   timeout 550 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C69 $C70 $C71 $C72 $C73 $C69 $C70 \
     $C71 $C72 $C73 $C69 $C70 $C71 $C72 $C73 --json $OUT/step55.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
-campaign55_rec)  # round 15: c69 and c73 at full depth for k3trace diff, 2 runs each, interleaved (carry .nsys)
-  bash $0 record_ab c69 c73 ;;
-campaign56)  # round 15, prepared: C73 at B = 8 and 64 against C69 (the absorb's copy and the o_proj's gate
-  # apply up to B = 16, the KV norm's insert at every batch)
-  timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C69 $C73 $C69 $C73 $C69 $C73 \
+campaign55_rec)  # round 17 (ran): c69 and c72 at full depth for k3trace diff, 2 runs each, interleaved, then
+  # c70 alone, 2 runs (carry .nsys; c73 was slower unprofiled, so c72 was recorded in its place)
+  bash $0 record_ab c69 c72
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_full_c70_$r --steps 40 --variant $C70; done
+  pack k3_c70 ;;
+campaign56)  # round 17 (ran on C72, the kept build): C72 at B = 8 and 64 against C69 (the absorb's copy
+  # applies up to B = 16, the KV norm's insert at every batch)
+  timeout 200 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C69 $C72 $C69 $C72 $C69 $C72 \
     --json $OUT/step56_b8.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//'
-  timeout 200 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C69 $C73 $C69 $C73 \
+  timeout 200 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C69 $C72 $C69 $C72 \
     --json $OUT/step56_b64.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
 campaign57)  # round 15, prepared, after campaign55: on C72, kv_a as the split-K skinny GEMM too (its cuBLAS
   # reduce kernel leaves the KV leg, for when that leg binds); V-up with the gate (mla_gate_in_v, even on
