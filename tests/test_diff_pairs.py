@@ -632,3 +632,27 @@ def test_the_kernel_that_releases_a_replacement_is_read_with_it(analysis, ref):
     assert by_kind["replacement"]["edit"] == f"{up_old} + {reduce} -> {up_new}"
     assert by_kind["duration"]["contribution_us"] == pytest.approx(norm, abs=band)
     assert g["sum_us"] == pytest.approx(gemm + norm, abs=max(band, 0.1 * abs(gemm + norm)))
+
+
+def test_copies_off_two_co_critical_legs(analysis, ref):
+    # mla_absorb_concat (c70) and mla_kv_norm_insert on top (c72): each MLA layer's two copies
+    # before the FMHA go, the Q chain's first. The truth, from the raw rows: two q_concat
+    # launches per MLA layer in c69, one in c70, none in c72; and the FMHA, now joined by both
+    # legs directly, records more time per call in each (its wait on the leg that ends last).
+    # k3trace's diff reads the copies' removal as one replacement that shortened the step and
+    # the FMHA's growth as a duration row that gave part of it back. (c69 was recorded in an
+    # earlier session than c70 and c72, which one call recorded: their MoE rows drift apart.)
+    mla_layers = 2
+    copies = {name: statistics.mean(sum(k.name == "mla_q_concat_kernel" for k in s.kernels)
+                                    for s in ref(name).stable) for name in ("k3_bs1_c69", "k3_bs1_c70", "k3_bs1_c72")}
+    assert copies == {"k3_bs1_c69": 2 * mla_layers, "k3_bs1_c70": mla_layers, "k3_bs1_c72": 0}
+    fmha = [kernel_time_us(ref(name), {"mla_decode_fmha_kernel"}) for name in ("k3_bs1_c69", "k3_bs1_c70", "k3_bs1_c72")]
+    assert fmha[0] < fmha[1] < fmha[2]
+    d = diff([analysis("k3_bs1_c69")], [analysis("k3_bs1_c72")])
+    check_replay(d)
+    [removal] = rows(d, kind="replacement", family="mla").filter(
+        pl.col("edit") == "removed mla_q_concat_kernel + mla_q_concat_kernel").iter_rows(named=True)
+    assert removal["contribution_us"] < -d.span_noise_band_us
+    removed_us = kernel_time_us(ref("k3_bs1_c69"), {"mla_q_concat_kernel"})
+    assert -removal["contribution_us"] <= removed_us   # at most the copies' own time per step
+    assert total(rows(d, kind="duration", family="mla", edit="mla_decode_fmha_kernel")) > 0
