@@ -15,7 +15,16 @@ replay's time over the hops, the median over replays:
   store, and PDL with the trigger right after the wait (c69's pdl_early_trigger);
 - the same chain of the K3 kernels that hop most on c69's path, as the step launches them
   (early triggers): the 1-row RMSNorm at 7,168 columns (the hidden's size), and the
-  attention residuals' score -> combine at c69's chunk (two hops each, 8 bank rows).
+  attention residuals' score -> combine at c69's chunk (two hops each, 8 bank rows);
+- the other way to follow a producer: one launch that carries the whole chain
+  (`chained_kernel`), its programs meeting at a grid-wide barrier on a counter in global
+  memory between stages, each stage reading a value another program wrote in the stage
+  before. That is the dependency a persistent layer kernel would pay instead of a launch
+  (kernels/README.md, round seventeen: the campaign's next step if it is cheaper). Its
+  figure is the marginal cost of a stage, (time of 2 x hops - time of hops) / hops, so the
+  one launch drops out. Beside it the real pair both ways at the fused kernel's chunk (512
+  columns, 14 programs): score -> combine launched, and attn_res_fused (score, barrier,
+  combine in one launch).
 
 Runs on a GPU only; CI never runs it (the kernel's chain is checked on a CPU under the Triton
 interpreter, tests/kernels/test_hop_floor.py).
@@ -34,10 +43,14 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.k3.ops.common import early_trigger, launch, pdl_off, pdl_trigger, pdl_wait, spin  # noqa: E402
+from kernels.k3.ops.common import (INTERPRET, early_trigger, grid_barrier, launch, pdl_off, pdl_trigger,  # noqa: E402
+                                   pdl_wait, spin)
 
 GRIDS = (1, 7, 132)
 MODES = ("plain", "pdl", "pdl early")
+#: The chained kernel's grids: one program per SM and two (all co-resident at 1 or 4 warps).
+CHAINED_GRIDS = (1, 7, 132, 264)
+CHAINED_WARPS = (1, 4)
 
 
 @triton.jit
@@ -60,6 +73,61 @@ def hop_chain(bufs: tuple[torch.Tensor, torch.Tensor], hops: int, grid: int, rea
     for h in range(hops):
         src, dst = bufs[h % 2], bufs[(h + 1) % 2]
         launch(hop_kernel, (grid,), src, dst, READ=read, num_warps=1)
+
+
+@triton.jit
+def _stage(bufs, n, p, nprog, h):
+    # Stage h: dst[p] = src[(p + 1) % nprog] + 1, src / dst the two halves of bufs in turn.
+    # The neighbour's value makes the dependency cross programs, as a layer's does (a GEMM's
+    # every column block feeds the norm after it). `.cg` reads L2: a line this SM cached two
+    # stages ago would be stale.
+    v = tl.load(bufs + (h % 2) * n + (p + 1) % nprog, cache_modifier=".cg") + 1
+    tl.store(bufs + ((h + 1) % 2) * n + p, v)
+
+
+@triton.jit
+def chained_kernel(bufs, counter, n, HOPS: tl.constexpr, STAGE: tl.constexpr,
+                   USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # HOPS dependent stages in one launch, a grid barrier after each. STAGE >= 0 (the
+    # interpreter, which runs programs one at a time, so a spin barrier never releases):
+    # that stage alone, the launch boundary standing in for the barrier.
+    p = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    pdl_wait(USE_PDL)
+    if STAGE >= 0:
+        _stage(bufs, n, p, nprog, STAGE)
+    else:
+        for h in range(HOPS):
+            _stage(bufs, n, p, nprog, h)
+            grid_barrier(counter)
+    spin(DELAY_NS)
+    pdl_trigger(USE_PDL)
+
+
+def chained(bufs: torch.Tensor, counter: torch.Tensor, hops: int, grid: int, warps: int = 1) -> None:
+    """`hops` stages of `_stage` over `grid` programs: one launch on a GPU, one per stage
+    under the interpreter. bufs: int32 [2, n >= grid]; counter: int32 [1], zeroed once."""
+    assert bufs.dim() == 2 and bufs.shape[0] == 2 and bufs.shape[1] >= grid and bufs.dtype == torch.int32
+    n = bufs.shape[1]
+    if INTERPRET:
+        for h in range(hops):
+            launch(chained_kernel, (grid,), bufs, counter, n, HOPS=hops, STAGE=h, num_warps=warps)
+    else:
+        launch(chained_kernel, (grid,), bufs, counter, n, HOPS=hops, STAGE=-1, num_warps=warps)
+
+
+def chained_us(hops: int) -> dict[str, float]:
+    """us per stage of the chained kernel: the marginal cost, one launch of 2 x hops against
+    one of hops, so the launch itself drops out."""
+    bufs = torch.zeros(2, max(CHAINED_GRIDS), device="cuda", dtype=torch.int32)
+    counter = torch.zeros(1, device="cuda", dtype=torch.int32)
+    res = {}
+    for grid in CHAINED_GRIDS:
+        for warps in CHAINED_WARPS:
+            t = {h: per_replay_us(lambda h=h: chained(bufs, counter, h, grid, warps)) for h in (hops, 2 * hops)}
+            res[f"{grid:3d} programs x {warps} warps, one launch, grid barrier per stage"] = \
+                (t[2 * hops] - t[hops]) / hops
+    return res
 
 
 def _mode(mode: str):
@@ -102,8 +170,25 @@ def k3_chains(hops: int) -> dict[str, float]:
                 A.attn_res_score(bank, 8, query, scores, gram_dot=True, block_h=A.WIDE_BLOCK_H)
                 A.attn_res_combine(bank, 8, scores, gamma, out, one_shot=True, block_h=A.WIDE_BLOCK_H)
 
+    counter = A.alloc_attn_res_counter("cuda")
+    narrow = A.alloc_attn_res_scores(bank)
+
+    def narrow_pairs():
+        with early_trigger(True):
+            for _ in range(hops // 2):
+                A.attn_res_score(bank, 8, query, narrow)
+                A.attn_res_combine(bank, 8, narrow, gamma, out)
+
+    def fused():
+        with early_trigger(True):
+            for _ in range(hops // 2):
+                A.attn_res_fused(bank, 8, query, narrow, gamma, out, counter=counter)
+
+    pair_hops = hops // 2 * 2
     return {"rmsnorm, 1 x 7168 (pdl early)": per_replay_us(norms) / hops,
-            "attn_res score -> combine, 1024-column chunks (pdl early)": per_replay_us(pairs) / (hops // 2 * 2)}
+            "attn_res score -> combine, 1024-column chunks (pdl early)": per_replay_us(pairs) / pair_hops,
+            "attn_res score -> combine, 512-column chunks (pdl early)": per_replay_us(narrow_pairs) / pair_hops,
+            "attn_res_fused (score, barrier, combine), 512 columns, per half": per_replay_us(fused) / pair_hops}
 
 
 def main() -> int:
@@ -124,9 +209,10 @@ def main() -> int:
                         hop_chain(bufs, args.hops, grid, read)
                 key = f"{grid:3d} programs, {'reads its producer' if read else 'no read          '}, {mode}"
                 res[key] = per_replay_us(chain) / args.hops
+    res.update(chained_us(args.hops))
     res.update(k3_chains(args.hops))
     for k, v in res.items():
-        print(f"    {k:64s} {v:6.2f} us per hop")
+        print(f"    {k:72s} {v:6.2f} us per hop")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"hops": args.hops, "us_per_hop": res}, fh, indent=1)

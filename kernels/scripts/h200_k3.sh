@@ -748,6 +748,16 @@ campaign57)  # round 15, prepared, after campaign55: on C72, kv_a as the split-K
   one="$C72+triton_mla_proj@mlasub=kv_a $C72+mla_gate_in_v $C73"
   timeout 250 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 $one \
     --json $OUT/step57.json 2>&1 | grep "B=" | sed 's/.*attn_res_wide//' ;;
+campaign58)  # round 18: the chained kernel's and the fused pair's GPU tests (grid_barrier moved to common), the hop
+  # floor with the chained forms (one launch, a grid barrier per stage), then on C72 the MoE up GEMM as the Gluon
+  # GEMM that copies its first weight slots before the wait (linear_gluon's o_proj form), 2 rounds
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hop_floor.py 2>&1 | tee $OUT/gpu58.log | tail -1
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py -k "attn_res_fused" 2>&1 \
+    | tee -a $OUT/gpu58.log | tail -1
+  timeout 120 python3 bench/hop_floor.py --json $OUT/hops58.json 2>&1 | grep "per hop"
+  one="$C72@glsub=kda.o_proj,moe.up $C72@glsub=kda.o_proj,moe.up@glcfg=3584x7168:64,128,4,8,8"
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 \
+    --json $OUT/step58.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
 campaign52)  # prepared in round 12, not run: the latency-bound kernels' warps in the step on C68 (@launch=;
   # the defaults: kda_step 8, rmsnorm 8 at 4096 columns, situ_mul 4, moe_router 4, gate_mul 4), 2 rounds of 5 each
   for one in "kda_step_kernel:4 kda_step_kernel:16 rmsnorm_kernel:4 rmsnorm_kernel:16" \

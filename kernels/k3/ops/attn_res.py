@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.k3.ops.common import (DOT_F32, INTERPRET, cdiv, dot, l2_prefetch, launch, next_pow2,
+from kernels.k3.ops.common import (DOT_F32, INTERPRET, cdiv, dot, grid_barrier, l2_prefetch, launch, next_pow2,
                                    pdl_trigger, pdl_wait, prefetch_args, spin, to_dtype)
 
 EPS = 1e-6
@@ -325,23 +325,6 @@ def _fused_mix(x, p, n_rows, R: tl.constexpr, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
-def _grid_barrier(counter):
-    # Cooperative-groups style (see the module docstring): this launch adds exactly 2^31,
-    # so the sign bit flips once, at the last arrival. The CTA barrier before the release
-    # orders every thread's partial stores before the (single-thread) arrival; the one
-    # after the acquire orders every thread's later loads after it.
-    nprog = tl.num_programs(0) * tl.num_programs(1)
-    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
-    lead = (2147483649 - nprog.to(tl.int64)).to(tl.int32)  # 2^31 - (nprog - 1), wrapped
-    inc = tl.where(first, lead, 1)
-    tl.debug_barrier()
-    old = tl.atomic_add(counter, inc, sem="release", scope="gpu")
-    while (tl.atomic_add(counter, 0, sem="acquire", scope="gpu") ^ old) >= 0:
-        pass
-    tl.debug_barrier()
-
-
-@triton.jit
 def attn_res_fused_kernel(bank, addend, query, scores, gamma, out, counter, n_rows, H,
                           stride_br, stride_bb, stride_ab, stride_ob, eps,
                           NC: tl.constexpr, R: tl.constexpr, W: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -377,7 +360,7 @@ def attn_res_fused_kernel(bank, addend, query, scores, gamma, out, counter, n_ro
         acc = _fused_gram(x, q, n_rows, R, W)
         tl.store(scores + ((b * NC + c) * R + rs[:, None]) * W + ws[None, :], acc)
     if PHASE == 0:
-        _grid_barrier(counter)
+        grid_barrier(counter)
     if PHASE == 2:
         x = tl.load(base + rs[:, None] * stride_br + hs[None, :],
                     mask=(rs[:, None] < n_rows) & hm[None, :], other=0.0).to(tl.float32)

@@ -46,6 +46,28 @@ def spin(DELAY_NS: tl.constexpr):
             pass
 
 
+@triton.jit
+def grid_barrier(counter):
+    # Every program of the launch meets here; all must be co-resident. Cooperative-groups
+    # style, on one int32 in global memory that is never reset: program 0 adds
+    # 2^31 - (nprog - 1), every other program 1 (release, gpu scope), so each crossing adds
+    # exactly 2^31 and the sign bit flips once, at the last arrival; a program spins
+    # (acquire) until the sign differs from what it saw on arrival. A launch may cross it
+    # any number of times: the next flip needs every program's next arrival, so a slow
+    # program still sees the last one. The CTA barrier before the release orders every
+    # thread's stores before the (single-thread) arrival; the one after the acquire orders
+    # every thread's later loads after it. One counter per stream of serialised launches.
+    nprog = tl.num_programs(0) * tl.num_programs(1)
+    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+    lead = (2147483649 - nprog.to(tl.int64)).to(tl.int32)  # 2^31 - (nprog - 1), wrapped
+    inc = tl.where(first, lead, 1)
+    tl.debug_barrier()
+    old = tl.atomic_add(counter, inc, sem="release", scope="gpu")
+    while (tl.atomic_add(counter, 0, sem="acquire", scope="gpu") ^ old) >= 0:
+        pass
+    tl.debug_barrier()
+
+
 #: USE_PDL values: off (interpreter), trigger after the last store, trigger right after
 #: the wait (variant pdl_early_trigger), trigger before the wait (variant pdl_trigger_first).
 PDL_OFF, PDL_LATE, PDL_EARLY, PDL_FIRST = 0, 1, 2, 3
