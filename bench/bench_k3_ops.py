@@ -785,6 +785,65 @@ def prefetch_chains(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+#: window_prefetch's sizes (MB of the front's first weight rows asked of L2).
+WINDOW_MB = (8, 16, 32)
+
+
+def window_prefetch(B: int, calls: int) -> dict[str, float]:
+    """Variant prefetch:<MB> on c72's longest latency window at one token: the o_proj
+    (skinny, as the MLA layers' and triton_o_proj's) -> the pre-MLP score (the attention
+    output folded, 1024-column chunks) -> the one-shot combine -> the MoE front's rest (TMA,
+    tuned), early triggers. HBM idles through the score and the combine; these forms ask L2
+    for the first MB of the front's weight (the rows every front program streams first)
+    while it would:
+    - the score, bulk (round three's form, where round three had it: after its wait);
+    - the score, one `prefetch.global.L2` per line (prefetch_lines), after its stores;
+    - the o_proj, per line, each of its 112 programs its share after its stores.
+    One call at a time (what the step's path pays; every weight rotated past L2, the
+    prefetched copy the one the front then reads) and back to back; each form twice."""
+    from kernels.k3.ops import attn_res as A
+    from kernels.k3.ops import gemv as G
+    from kernels.k3.ops.common import early_trigger, prefetch_lines
+
+    if B != 1:
+        return {}
+    H, K = 7168, 1536
+    g = torch.Generator(device="cuda").manual_seed(13)
+    bank, query, gamma, _, x = _attn_res_inputs(1)
+    scores = A.alloc_attn_res_scores(bank, A.WIDE_BLOCK_H)
+    copies = max(_copies(H * 6016 * 2), _copies(K * H * 2))
+    a = torch.randn(1, K, device="cuda", dtype=BF, generator=g)
+    o_projs = [torch.randn(K, H, device="cuda", dtype=BF, generator=g) * K ** -0.5 for _ in range(copies)]
+    fronts = [torch.randn(H, 6016, device="cuda", dtype=BF, generator=g) * H ** -0.5 for _ in range(copies)]
+    o = torch.empty(1, H, device="cuda", dtype=BF)
+    front_out = torch.empty(1, 5120, device="cuda", dtype=BF)
+    config = G.TMA_CONFIGS.get((H, 5120))
+
+    def chain(i, mb, issuer):
+        front = fronts[i % copies]
+        by_score = dict(prefetch=front, prefetch_bytes=mb << 20) if issuer == "score" else {}
+        by_o_proj = dict(next_weight=front, next_bytes=mb << 20) if issuer == "o_proj" else {}
+        G.skinny_mm(a, o_projs[i % copies], o, **by_o_proj)
+        A.attn_res_score(bank, 8, query, scores, addend=o, gram_dot=True, block_h=A.WIDE_BLOCK_H, **by_score)
+        A.attn_res_combine(bank, 8, scores, gamma, x, one_shot=True, block_h=A.WIDE_BLOCK_H)
+        G.skinny_mm(x, front[:, 896:], front_out, tma=True, config=config)
+
+    forms = [("no prefetch", 0, "", False)] + [
+        (f"{who}, {form} {mb} MB", mb, who, form == "lines")
+        for who, form in (("score", "bulk"), ("score", "lines"), ("o_proj", "lines")) for mb in WINDOW_MB]
+    res = {}
+    with early_trigger():
+        for rnd in (1, 2):
+            for tag, mb, who, lines in forms:
+                with prefetch_lines(lines):
+                    fn = (lambda i, m=mb, w=who: chain(i, m, w))
+                    res[f"one call: {tag}, {rnd}"] = single_call_us(fn, copies)
+                    res[f"back to back: {tag}, {rnd}"] = per_call_us(fn, calls)
+    del o_projs, fronts
+    torch.cuda.empty_cache()
+    return res
+
+
 def _skinny_shapes(g: torch.Generator):
     """Each skinny GEMM shape of the c44 step (TMA_SHAPES): its name, weight copies (rotated
     past the L2), x, out, and the Triton kernel as it runs there (TMA where K is the hidden
@@ -1360,7 +1419,8 @@ def main() -> int:
             "mla_q_skinny": lambda: mla_q_chain(B, args.calls),
             "mla_hops": lambda: mla_hops(B, args.calls),
             "moe_grouped_tuned": lambda: grouped_tuned(B, args.calls),
-            "attn_res_wide": lambda: attn_res_wide(B, args.calls)}
+            "attn_res_wide": lambda: attn_res_wide(B, args.calls),
+            "window_prefetch": lambda: window_prefetch(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}
     for name, res in cases.items():
         print(f"{name} (B={B})")

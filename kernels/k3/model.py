@@ -46,7 +46,7 @@ from kernels.k3.ops.attn_res import (
     gemm_scores_shape,
     residual_add,
 )
-from kernels.k3.ops.common import early_trigger, pdl_off, trigger_first
+from kernels.k3.ops.common import early_trigger, pdl_off, prefetch_lines, trigger_first
 from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
 from kernels.k3.ops.mla import (FMHA_BLOCK_N, gate_mul, head_bmm, mla_cache_insert, mla_decode_combine,
                                   mla_decode_fmha, mla_kv_norm_insert, mla_q_concat)
@@ -561,7 +561,8 @@ class K3Decode:
         self._seg_i, self._label = 0, P.MAIN
         self._mlp_out: tuple = ()  # mlp_residual_folded: the MLP output the next score adds
         self.bank[0].copy_(self.embed)  # the step's input opens block 0's partial
-        with pdl_off(not self.variant.pdl), early_trigger(self.variant.pdl_early_trigger):
+        with pdl_off(not self.variant.pdl), early_trigger(self.variant.pdl_early_trigger), \
+                prefetch_lines(self.variant.prefetch_lines):
             for l in cfg.layers:
                 with self._range("", f"top.model.layers.{l - 1}"):
                     self._layer(l)

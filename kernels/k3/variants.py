@@ -70,6 +70,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "mla_absorb_concat": ("mla_absorb_concat", True),  # with mla_head_bmm: the absorb writes the FMHA's q rows
     "mla_kv_norm_insert": ("mla_kv_norm_insert", True),  # the KV leg's RMSNorm writes the cache row itself
     "mla_gate_in_o_proj": ("mla_gate_in_o_proj", True),  # the skinny o_proj forms o * sigmoid(g) as it loads
+    "prefetch_lines": ("prefetch_lines", True),  # with prefetch:<MB>: one prefetch.global.L2 per line, not bulk
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -118,6 +119,8 @@ class Variant:
     pdl_trigger_first: bool = False  # the attention residuals' score and combine, the MoE weighted sum and
                                      # latent norm trigger their dependents before their own wait
     prefetch_mb: int = 0             # MB of the next GEMM's weight a latency-bound kernel asks L2 for
+    prefetch_lines: bool = False     # with prefetch:<MB>: those prefetches one hint per 128-byte line
+                                     # (prefetch.global.L2) instead of bulk copies the grid waits for
     prefetch_leg_mb: int = 0         # MB of the next GEMM's weight a kernel on a third stream asks L2 for
     linear_tma_x: bool = False       # with linear_tma: TMA only where K is the hidden size (MoE front, KDA
                                      # qkvg); the o_proj and MoE up GEMMs keep pointer loads

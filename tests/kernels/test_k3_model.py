@@ -51,7 +51,10 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
            "attn_res_fused+residual_separate", "router_align_fused", "mlp_residual_folded",
            "mlp_residual_folded+residual_separate", "pdl_early_trigger", "attn_res_early_rows",
            "prefetch:24", "kda_conv_fused", "moe_sum_norm_fused", "prefetch_leg:8", "pdl_trigger_first",
-           "pdl_early_trigger+pdl_trigger_first", "no_pdl", "pdl_early_trigger+no_pdl", "mla_kv_norm_insert"]
+           "pdl_early_trigger+pdl_trigger_first", "no_pdl", "pdl_early_trigger+no_pdl", "mla_kv_norm_insert",
+           "prefetch_lines"]
+#: prefetch_lines where it acts (with prefetch:<MB>, which BITWISE's join already holds once).
+PREFETCH_LINES = "prefetch:8+prefetch_lines"
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
@@ -556,7 +559,7 @@ def gpu_replay_outputs(batch: int, name: str, steps: int = 2) -> dict:
 @pytest.mark.parametrize("batch", [1, 8, 64])
 def test_gpu_variant_pairs(batch):
     base = gpu_replay_outputs(batch, "baseline")
-    for name in BITWISE:
+    for name in [*BITWISE, PREFETCH_LINES]:
         assert_same(base, gpu_replay_outputs(batch, name))
     # kda_norm_separate: eager from the same start, against the reference (see
     # check_norm_separate); the baseline model's routing is that of its replayed step.

@@ -295,6 +295,14 @@ def test_prefetch_args_cover_the_bytes():
         assert (chunks // 2) * programs * common.PF_CHUNK < want or chunks == 1
     assert common.prefetch_args(None, 1 << 20, 4, dummy)["PF_CHUNKS"] == 0
     assert common.prefetch_args(w, 0, 4, dummy)["PF_CHUNKS"] == 0
+    # Variant prefetch_lines: the same chunks, the count negative (the line form).
+    w = torch.empty(7168, 6016, dtype=BF, device="meta")
+    bulk = common.prefetch_args(w, 8 << 20, 7, dummy)
+    with common.prefetch_lines():
+        lines = common.prefetch_args(w, 8 << 20, 7, dummy)
+        assert common.prefetch_args(w, 0, 7, dummy)["PF_CHUNKS"] == 0
+    assert bulk["PF_CHUNKS"] == 128 and lines["PF_CHUNKS"] == -128 and lines["pf_bytes"] == bulk["pf_bytes"]
+    assert common.prefetch_args(w, 8 << 20, 7, dummy)["PF_CHUNKS"] == 128  # the context restored
 
 
 def _early_vs_late(B, H, n_rows, dot, seed):
@@ -1060,7 +1068,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
-from kernels.k3.ops import attn_res, gemv, kda, mla, moe, norm, prefetch
+from kernels.k3.ops import attn_res, common, gemv, kda, mla, moe, norm, prefetch
 
 calls = []
 def fake_launch(kernel, grid, *args, delay_ns=0, **meta):
@@ -1094,6 +1102,13 @@ for B in (1, 8, 64):
                       prefetch=e(1536, H), prefetch_bytes=PF)
     moe.moe_weighted_sum(e(B * 16, 3584), e(B, 16, dt=F32), e(B, 3584), prefetch=e(3584, H),
                          prefetch_bytes=PF)
+    with common.prefetch_lines():  # variant prefetch_lines: the same kernels, one hint per line
+        if B <= 16:  # the o_proj's epilogue form (bench_k3_ops.py's window_prefetch)
+            gemv.skinny_mm(e(B, 1536), e(1536, H), e(B, H), next_weight=e(H, 6016), next_bytes=PF)
+        attn_res.attn_res_score(bank, 5, e(H), sc, addend=e(B, H), gram_dot=True, prefetch=e(H, 6016),
+                                prefetch_bytes=PF)
+        moe.moe_weighted_sum(e(B * 16, 3584), e(B, 16, dt=F32), e(B, 3584), prefetch=e(3584, H),
+                             prefetch_bytes=PF)
     moe.moe_weighted_sum(e(B * 16, 3584), e(B, 16, dt=F32), e(B, 3584), sumsq=e(B, 7, dt=F32))
     if B <= 16:  # variant latent_norm_folded
         gemv.skinny_mm(e(B, 3584), e(3584, H), e(B, H), rms_of=(e(B, 7, dt=F32), 1e-6))
@@ -1242,8 +1257,10 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2, 3)
         pdl = pdl and -1 < ptx.find("griddepcontrol.launch_dependents") < ptx.find("griddepcontrol.wait")
     if meta.get("PF_ROWS"):  # variant linear_prefetch: the line prefetches survived to the PTX
         pdl = pdl and "prefetch.global.L2" in ptx
-    if meta.get("PF_CHUNKS"):  # the bulk L2 prefetch survived to the PTX
+    if meta.get("PF_CHUNKS", 0) > 0:  # the bulk L2 prefetch survived to the PTX
         pdl = pdl and "cp.async.bulk.prefetch.L2.global" in ptx
+    if meta.get("PF_CHUNKS", 0) < 0:  # variant prefetch_lines: the line hints did, and no bulk one
+        pdl = pdl and "prefetch.global.L2" in ptx and "cp.async.bulk.prefetch" not in ptx
     if kernel.__name__ == "attn_res_fused_kernel":  # the grid barrier's release / acquire
         pdl = pdl and "atom.global.gpu.release" in ptx and ".gpu.acquire" in ptx
     if consts.get("TMA"):  # variant linear_tma: the weight tiles by bulk tensor copies

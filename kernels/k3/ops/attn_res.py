@@ -151,7 +151,8 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
         # now the last completed block.
         pdl_wait(USE_PDL)
         x = tl.load(row_ptr, mask=(ts[:, None] < n_old) & hm[None, :], other=0.0)
-    l2_prefetch(pf, pf_bytes, PF_CHUNKS)  # the next GEMM's weight (variant prefetch:<MB>)
+    if PF_CHUNKS > 0:  # the next GEMM's weight (variant prefetch:<MB>), bulk: where round three had it
+        l2_prefetch(pf, pf_bytes, PF_CHUNKS)
     if HAS_ADDEND:
         pp = base + last * stride_br
         part = _folded(pp, addend + b.to(tl.int64) * stride_ab, addend2 + b.to(tl.int64) * stride_ab2,
@@ -172,6 +173,8 @@ def attn_res_score_kernel(bank, addend, addend2, query, scores, n_rows, H,
             xs = tl.sum(tl.where(rs[:, None] == s, x, 0.0), 0)  # row s (exact: one non-zero term)
             acc = tl.where(ws[None, :] == s, tl.sum(x * xs[None, :], 1)[:, None], acc)
         tl.store(scores + ((b * nc + c) * R + rs[:, None]) * W + ws[None, :], acc)
+    if PF_CHUNKS < 0:  # prefetch_lines: its loop last, when the tiles are dead (before it, x spilled)
+        l2_prefetch(pf, pf_bytes, PF_CHUNKS)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
 

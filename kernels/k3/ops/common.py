@@ -141,11 +141,16 @@ PF_CHUNK_C: tl.constexpr = tl.constexpr(PF_CHUNK)
 def l2_prefetch(pf, pf_bytes, PF_CHUNKS: tl.constexpr):
     """Variant prefetch:<MB>: a latency-bound kernel asks L2 for the first `pf_bytes` of the
     weight the next GEMM streams, so HBM works while the chain it sits in waits on
-    latency. Each program issues PF_CHUNKS consecutive PF_CHUNK-byte bulk prefetches
-    (cp.async.bulk.prefetch, sm_90): fire and forget, a hint with no result and no effect
-    on any value, so the kernel neither waits for them nor orders anything after them.
-    `pf` is the weight's bytes (uint8). Compiled out with PF_CHUNKS = 0 and under the
-    interpreter."""
+    latency. `pf` is the weight's bytes (uint8), in PF_CHUNK-byte chunks, in one of two forms
+    (prefetch_args picks):
+    - PF_CHUNKS > 0: each program PF_CHUNKS consecutive chunks, one bulk prefetch each
+      (cp.async.bulk.prefetch, sm_90). Measured in round three: the grid does not complete,
+      for its dependent's wait, until they land.
+    - PF_CHUNKS < 0 (variant prefetch_lines): the chunks dealt out to the programs in turn,
+      one `prefetch.global.L2` per 128-byte line spread over the threads: a hint on the
+      load/store path that no instruction waits on.
+    Fire and forget either way: no result and no effect on any value. Compiled out with
+    PF_CHUNKS = 0 and under the interpreter."""
     if PF_CHUNKS > 0 and not INTERPRET_C:
         pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         offs = (pid * PF_CHUNKS + tl.arange(0, PF_CHUNKS)).to(tl.int64) * PF_CHUNK_C
@@ -154,18 +159,48 @@ def l2_prefetch(pf, pf_bytes, PF_CHUNKS: tl.constexpr):
             "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
             "mov.u32 $0, 0; }",
             "=r,l,r", [pf + offs, size], dtype=tl.int32, is_pure=False, pack=1)
+    if PF_CHUNKS < 0 and not INTERPRET_C:
+        # Chunk c to program c mod nprog, a chunk's 128 lines per iteration (one per thread
+        # at 4 warps). The bound is a runtime value: a constant one (|PF_CHUNKS|) was
+        # unrolled at 128 chunks and spilled.
+        pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        nprog = tl.num_programs(0) * tl.num_programs(1)
+        lines = tl.arange(0, PF_CHUNK_C // 128).to(tl.int64) * 128
+        for c in range(pid, tl.cdiv(pf_bytes, PF_CHUNK_C), nprog):
+            offs = c.to(tl.int64) * PF_CHUNK_C + lines
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                "=r,l,r", [pf + offs, (offs < pf_bytes).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+_prefetch_lines = False
+
+
+@contextmanager
+def prefetch_lines(enabled: bool = True):
+    """Kernels launched inside that prefetch the next GEMM's weight (prefetch:<MB>) do it in
+    the line form (variant prefetch_lines; l2_prefetch). A launch-time choice, as
+    early_trigger's."""
+    global _prefetch_lines
+    prev, _prefetch_lines = _prefetch_lines, enabled
+    try:
+        yield
+    finally:
+        _prefetch_lines = prev
 
 
 def prefetch_args(weight, nbytes: int, programs: int, dummy) -> dict:
     """The kernel arguments of `l2_prefetch` for the first `nbytes` of `weight` (contiguous)
     split over `programs` programs; `weight=None` or nbytes <= 0: off (`dummy` fills the
-    pointer). Sizes round down to 16 bytes, the bulk prefetch's granule."""
+    pointer). Sizes round down to 16 bytes, the bulk prefetch's granule. Inside
+    `prefetch_lines` the chunk count is negative: the line form."""
     if weight is None or nbytes <= 0:
         return dict(pf=dummy, pf_bytes=0, PF_CHUNKS=0)
     assert weight.is_contiguous()
     nbytes = min(nbytes, weight.numel() * weight.element_size()) // 16 * 16
-    chunks = cdiv(cdiv(nbytes, PF_CHUNK), programs)
-    return dict(pf=weight.view(-1).view(torch.uint8), pf_bytes=nbytes, PF_CHUNKS=next_pow2(chunks))
+    chunks = next_pow2(cdiv(cdiv(nbytes, PF_CHUNK), programs))
+    return dict(pf=weight.view(-1).view(torch.uint8), pf_bytes=nbytes,
+                PF_CHUNKS=-chunks if _prefetch_lines else chunks)
 
 
 _trigger = PDL_LATE

@@ -18,8 +18,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.k3.plan import SKINNY_MAX_B  # one MMA tile of tokens; torch.mm beyond
 from kernels.k3.ops.attn_res import gemm_scores_shape, gram_of_columns
-from kernels.k3.ops.common import (DOT_F32, INTERPRET_C, dot, launch, next_pow2, pdl_trigger, pdl_wait, spin,
-                                   to_dtype)
+from kernels.k3.ops.common import (DOT_F32, INTERPRET_C, dot, l2_prefetch, launch, next_pow2, pdl_trigger, pdl_wait,
+                                   prefetch_args, spin, to_dtype)
 
 
 @triton.jit
@@ -65,7 +65,8 @@ def gemv(x: torch.Tensor, w_t: torch.Tensor, out: torch.Tensor, *, block_n: int 
 def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, gamma, eps,
                      sumsq, n_sumsq, ws, tickets, k_per, bank, n_rows, stride_br, query, scores, w_desc,
                      gate, stride_gate,
-                     pf_rows, PF_ROWS: tl.constexpr, PF_LINES: tl.constexpr, TMA: tl.constexpr,
+                     pf_rows, pf, pf_bytes, PF_ROWS: tl.constexpr, PF_LINES: tl.constexpr, PF_CHUNKS: tl.constexpr,
+                     TMA: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, MIX_K: tl.constexpr, NSQ: tl.constexpr, EARLY_W: tl.constexpr,
                      SPLIT_K: tl.constexpr, GRAM: tl.constexpr, FOLD: tl.constexpr, R: tl.constexpr,
@@ -82,6 +83,8 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     # descriptor over w (block [BLOCK_K, BLOCK_N]; out-of-range rows and columns read 0).
     # GATE (variant mla_gate_in_o_proj): the operand is x * sigmoid(gate), rounded to x's
     # dtype as gate_mul stores it, formed as each K block of x loads.
+    # PF_CHUNKS != 0 (bench_k3_ops.py's window_prefetch): after its stores each program asks
+    # L2 for its share of the next GEMM's first weight bytes (common.l2_prefetch).
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = ns < N
     ms = tl.arange(0, BLOCK_M)
@@ -187,6 +190,7 @@ def skinny_mm_kernel(x, w, out, B, K, N, stride_x, stride_w, stride_out, mix_w, 
     if GRAM:  # variant attn_res_in_o_proj (one token): the next aggregation's score, here
         o0 = tl.sum(tl.where(ms[:, None] == 0, o.to(tl.float32), 0.0), axis=0)  # token 0's row, exact
         gram_of_columns(o0, ns, nm, bank, n_rows, stride_br, query, scores, FOLD, R, W, T, DOT_F32)
+    l2_prefetch(pf, pf_bytes, PF_CHUNKS)
     spin(DELAY_NS)
     pdl_trigger(USE_PDL)
 
@@ -353,7 +357,8 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
               config: tuple[int, int, int, int] | None = None, rms_of: tuple | None = None,
               early_weights: bool = False, split_k: SplitK | None = None, splits: int | None = None,
               gram: tuple | None = None, tma: bool = False, prefetch_bytes: int = 0,
-              gate: torch.Tensor | None = None, delay_ns: int = 0) -> torch.Tensor:
+              gate: torch.Tensor | None = None, next_weight: torch.Tensor | None = None, next_bytes: int = 0,
+              delay_ns: int = 0) -> torch.Tensor:
     """out = x @ w for B <= SKINNY_MAX_B tokens; w [K, N] with unit column stride (a
     column slice of a wider weight is fine), x and out row-strided. `rms_of = (sumsq, eps)`
     (variant latent_norm_folded): out[b] = x[b] @ w / rms(x[b]), the RMS from sumsq fp32
@@ -372,7 +377,11 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     `prefetch_bytes` (variant linear_prefetch:<MB>): before its PDL wait each program asks
     L2 for its own columns of its first K rows, about that many bytes in all (a hint: no
     value changes). `gate` (variant mla_gate_in_o_proj, like x): the product is
-    (x * sigmoid(gate)) @ w, the operand rounded to x's dtype as gate_mul stores it."""
+    (x * sigmoid(gate)) @ w, the operand rounded to x's dtype as gate_mul stores it.
+    `next_weight`, `next_bytes` (bench_k3_ops.py's window_prefetch): once its stores are
+    issued, the launch asks L2 for the first `next_bytes` of that weight (contiguous; the
+    next GEMM's), spread over its programs (common.l2_prefetch, the form prefetch_lines
+    picks); no value changes."""
     B, K = x.shape
     N = w.shape[1]
     assert B <= SKINNY_MAX_B and w.shape[0] == K and out.shape == (B, N)
@@ -407,7 +416,8 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
            out.stride(0), x, x, eps, sumsq, n_sq, ws, tickets, k_per, bank, n_rows,
            bank.stride(0) if gram is not None else 0, query, scores,
            weight_descriptor(w, bk, bn) if tma else w, gate if gate is not None else x,
-           gate.stride(0) if gate is not None else 0, **own_rows_prefetch(w, prefetch_bytes, bn, k_per), TMA=tma,
+           gate.stride(0) if gate is not None else 0, **own_rows_prefetch(w, prefetch_bytes, bn, k_per),
+           **prefetch_args(next_weight, next_bytes, triton.cdiv(N, bn) * S, out), TMA=tma,
            BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
            EVEN_K=K % bk == 0, MIX_K=0, NSQ=next_pow2(n_sq) if n_sq else 0, EARLY_W=early_weights, SPLIT_K=S,
            GRAM=gram is not None, FOLD=bool(fold), R=R, W=next_pow2(R + 1), T=max(16, next_pow2(R + 1)),
@@ -438,7 +448,7 @@ def skinny_mm_mixnorm(y: torch.Tensor, topk_w: torch.Tensor, gamma: torch.Tensor
     bn, bk, warps, stages = config or SKINNY_CONFIGS.get((K, N), SKINNY_DEFAULT)
     launch(skinny_mm_kernel, (triton.cdiv(N, bn),), y, w, out, 1, K, N, y.stride(0), w.stride(0),
            out.stride(0), topk_w, gamma, eps, out, 0, out, out, K, out, 1, 0, out, out, w, out, 0, 0, PF_ROWS=0,
-           PF_LINES=1, TMA=False, BLOCK_M=16,
+           PF_LINES=1, pf=out, pf_bytes=0, PF_CHUNKS=0, TMA=False, BLOCK_M=16,
            BLOCK_N=bn,
            BLOCK_K=bk, EVEN_K=K % bk == 0, MIX_K=E, NSQ=0, EARLY_W=False, SPLIT_K=1, GRAM=False, FOLD=False, R=1,
            W=2, T=16, DOT_F32=DOT_F32, GATE=False, MIX_MMA=mma, num_warps=warps, num_stages=stages,
