@@ -479,6 +479,12 @@ def test_one_step_traces_diff_and_render(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["steps"]["span_median_us"] == pytest.approx(span_us, abs=1e-3)
     assert (tmp_path / "a.html").stat().st_size > 0 and (tmp_path / "d.html").stat().st_size > 0
+    # The header names the recorder: torch.profiler, whose trace carries no nsys version.
+    done = cli("analyze", str(path), "--width", "200")
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[1]
+    assert "torch.profiler/Kineto (trace schema 1)" in header and "nsys" not in header
+    assert "torch.profiler/Kineto (trace schema 1)" in (tmp_path / "a.html").read_text()
 
 
 def test_public_capture_without_replay():

@@ -10,6 +10,7 @@ import polars as pl
 from k3trace.analyses import stepgraph
 from k3trace.analyses.completeness import Completeness
 from k3trace.config import Config
+from k3trace.ingest.kineto import KINETO_RECORDER
 from k3trace.model.labels import LabelSummary
 
 JSON_VERSION = 2
@@ -61,6 +62,13 @@ class Analysis:
         if self.omitted:
             raise ValueError(f"{what} reads the whole analysis of {self.report}, and this one (made for a diff) "
                              f"leaves out {', '.join(self.omitted)}")
+
+    @property
+    def recorded_with(self) -> str:
+        """The recorder as a header names it: `nsys <version>`, or torch.profiler's own string
+        (a Kineto trace carries no nsys version; `nsys_version` holds that string there)."""
+        v = self.nsys_version
+        return v if v.startswith(KINETO_RECORDER) else f"nsys {v}"
 
     @property
     def stable_steps(self) -> int:

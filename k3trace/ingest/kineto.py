@@ -70,6 +70,8 @@ KERNEL, RUNTIME, DRIVER = "kernel", "cuda_runtime", "cuda_driver"
 ANNOTATION, GPU_ANNOTATION, SYNC = "user_annotation", "gpu_user_annotation", "cuda_sync"
 #: Python frames (`with_stack`): only modules' forwards are kept (kineto_modules.py).
 PYTHON = "python_function"
+#: What a Kineto trace's export metadata names as its recorder (EXPORT_PRODUCT_VERSION's start).
+KINETO_RECORDER = "torch.profiler/Kineto"
 #: Older Kineto spelled some categories differently.
 _CATEGORY_ALIASES = {"runtime": RUNTIME, "driver": DRIVER, "hip_runtime": RUNTIME}
 _KEPT = (KERNEL, RUNTIME, DRIVER, ANNOTATION, GPU_ANNOTATION, SYNC, PYTHON)
@@ -150,7 +152,7 @@ def load(path: Path, label: str | None = None) -> tuple[dict[str, pl.DataFrame],
         raise ReportError(f"{label}: cannot decompress ({exc})", "the file is truncated; copy it again") from None
     frames = normalise(events, meta, label)
     version = meta.get("schemaVersion", "?")
-    export = {"EXPORT_PRODUCT_VERSION": f"torch.profiler/Kineto (trace schema {version})",
+    export = {"EXPORT_PRODUCT_VERSION": f"{KINETO_RECORDER} (trace schema {version})",
               "PLATFORM": platform(meta)}
     return frames, export, ("compressed kineto" if compressed else "kineto")
 

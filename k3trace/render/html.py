@@ -118,7 +118,7 @@ def analysis_page(a: Analysis) -> str:
     q = a.step_stats
     pre = a.pre_attention_summary
     meta = key_values([
-        ("report", printable(a.report)), ("recorded with", printable(a.nsys_version)),
+        ("report", printable(a.report)), ("recorded with", printable(a.recorded_with)),
         ("steps", f"{a.stable_steps} stable of {a.steps.height} (found by {a.step_source}; dropped: "
                   + (", ".join(f"{n} {r}" for r, n in sorted(a.dropped.items())) or "none")
                   + f"; outliers beyond median ± {a.config.mad_k:g} MAD)"),

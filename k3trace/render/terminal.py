@@ -38,7 +38,7 @@ def steps_panel(a: Analysis) -> RenderableType:
         t.add_row(label, *(_us(q[key][c], 2) for c in ("median", "p90", "p99")))
     dropped = ", ".join(f"{n} {r}" for r, n in sorted(a.dropped.items())) or "none"
     head = Text.assemble(
-        (printable(a.report), "bold"), f"  nsys {printable(a.nsys_version)}\n",
+        (printable(a.report), "bold"), f"  {printable(a.recorded_with)}\n",
         f"{a.stable_steps} stable steps of {a.steps.height} (source: {a.step_source}; dropped: {dropped}; "
         f"k = {a.config.mad_k:g} MAD), {int(a.steps['kernels_expected'][0])} kernels per step",
     )
