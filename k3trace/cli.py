@@ -238,7 +238,7 @@ K3_VARIANT_FLAGS = ("mla_epilogue_split", "no_attn_forks", "router_multipass", "
                     "mla_absorb_concat", "mla_kv_norm_insert", "mla_gate_in_o_proj", "prefetch_lines")
 SMALL_VARIANTS = ("nofork",)
 _DELAY = re.compile(r"delay:[A-Za-z_][A-Za-z0-9_]*:\d+")
-_PREFETCH = re.compile(r"(prefetch|prefetch_leg|linear_prefetch):\d+")
+_PREFETCH = re.compile(r"(prefetch|prefetch_leg|linear_prefetch|gemm_prefetch):\d+")
 #: nsys profile --capture-range-end values.
 _RANGE_END = re.compile(r"none|stop|stop-shutdown|repeat(:\d+)?|repeat-shutdown:\d+")
 
@@ -259,8 +259,8 @@ def check_variant(workload: str, variant: str) -> str:
         what = (f"unknown variant {unknown[0]!r}" if unknown else
                 "more than one delay in the variant" if len(delays) > 1 else "more than one prefetch in the variant")
         raise ReportError(f"{what} for k3-decode", f"use baseline, {', '.join(K3_VARIANT_FLAGS)}, "
-                          "prefetch:<MB>, prefetch_leg:<MB>, linear_prefetch:<MB> or delay:<kernel>:<ns>, joined with + "
-                          "(kernels/README.md)")
+                          "prefetch:<MB>, prefetch_leg:<MB>, linear_prefetch:<MB>, gemm_prefetch:<MB> or "
+                          "delay:<kernel>:<ns>, joined with + (kernels/README.md)")
     return variant
 
 

@@ -517,7 +517,9 @@ class K3Decode:
         return None
 
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
-            gate: torch.Tensor | None = None) -> None:
+            gate: torch.Tensor | None = None, after: torch.Tensor | None = None) -> None:
+        """A dense GEMM; `after`: the weight of the GEMM that follows it on the path, past
+        latency-bound kernels, which gemm_prefetch:<MB> asks L2 for as this one ends."""
         v = self.variant
         if P.linear_is_gluon(self.cfg, v, subop, self._seg.family):
             assert gate is None
@@ -526,9 +528,13 @@ class K3Decode:
         if P.linear_is_triton(self.cfg, v, subop):
             tma = v.linear_tma and (not v.linear_tma_x or a.shape[1] == self.cfg.hidden)
             config = gemv_ops.TMA_CONFIGS.get(tuple(w.shape)) if tma and v.linear_tma_tuned else None
-            self._triton(subop, skinny_mm, a, w, out, early_weights=v.linear_early_weights,
-                         split_k=self._split_for(subop), tma=tma, config=config,
-                         prefetch_bytes=v.linear_prefetch_mb << 20, **({"gate": gate} if gate is not None else {}))
+            ahead = (dict(next_weight=after, next_bytes=v.gemm_prefetch_mb << 20)
+                     if v.gemm_prefetch_mb and after is not None else {})
+            with prefetch_lines(bool(ahead) or v.prefetch_lines):  # gemm_prefetch is the line form
+                self._triton(subop, skinny_mm, a, w, out, early_weights=v.linear_early_weights,
+                             split_k=self._split_for(subop), tma=tma, config=config,
+                             prefetch_bytes=v.linear_prefetch_mb << 20, **ahead,
+                             **({"gate": gate} if gate is not None else {}))
             return
         assert gate is None
         self._expect(P.Launch, subop=subop, stream=self._label, kind=P.CUBLAS, launcher="mm")
@@ -596,11 +602,21 @@ class K3Decode:
         operand is a * sigmoid(gate)."""
         out = self._attn_out(l)
         if not P.score_in_o_proj(self.cfg, self.variant):
-            self._mm(P.O_PROJ, a, w, out, gate=gate)
+            mlp = self.layers[l].mlp
+            self._mm(P.O_PROJ, a, w, out, gate=gate, after=mlp.front if isinstance(mlp, MoELayer) else mlp.gate_up)
             return
         n = self.cfg.bank_rows(l, "mlp")
         gram = (self.bank, n, self.layers[l].pre_mlp.query, self.gemm_scores, not self.cfg.opens_block(l))
         self._triton(P.O_PROJ, skinny_mm, a, w, out, gram=gram, **({"gate": gate} if gate is not None else {}))
+
+    def _first_attn_weight(self, l: int) -> torch.Tensor | None:
+        """The weight of layer l's first attention GEMM (None past the last layer)."""
+        if l not in self.layers:
+            return None
+        attn = self.layers[l].attn
+        if isinstance(attn, KDALayer):
+            return attn.qkvg
+        return attn.x_proj if attn.x_proj is not None else attn.q_a
 
     def _attn_res(self, l: int, site: str, w: AttnResWeights) -> None:
         cfg, s = self.cfg, self.s
@@ -608,8 +624,7 @@ class K3Decode:
         pending = site == "mlp" and not cfg.opens_block(l)  # attention output to add
         with self._segment(l, ATTN_RES):
             L = self.layers[l]
-            nxt = L.attn.qkvg if isinstance(L.attn, KDALayer) else (L.attn.x_proj if L.attn.x_proj is not None
-                                                                   else L.attn.q_a)
+            nxt = self._first_attn_weight(l)
             if site == "mlp":
                 nxt = L.mlp.front if isinstance(L.mlp, MoELayer) else L.mlp.gate_up
             self._prefetch_leg(nxt)
@@ -659,7 +674,7 @@ class K3Decode:
         gate_in = s.qkvg[:, cfg.conv_channels:]  # g: the output gate, not convolved
         with self._segment(l, KDA):
             side = self._fork(P.AUX2, v.attn_forks)
-            self._mm(P.QKVG, s.x, w.qkvg, s.qkvg)
+            self._mm(P.QKVG, s.x, w.qkvg, s.qkvg, after=w.o_proj)  # kda_step between them
             with self._on(side):  # gate/beta GEMVs: read only x
                 self._triton(P.FAB, gemv, s.x, w.fab_t, s.fab)
                 self._mm(P.F_B, s.fab[:, :cfg.kda_f_rank], w.f_b, s.fb)
@@ -843,7 +858,7 @@ class K3Decode:
             elif P.down_sums(cfg, v):
                 self._triton(P.LATENT_NORM, rmsnorm, s.routed_sum, w.latent_norm, lat_n,
                              cfg.norm_eps, clear_input=True)
-                self._up(w, s, lat_n, shared, shares)
+                self._up(l, w, s, lat_n, shared, shares)
             elif P.latent_norm_folds(cfg, v):
                 self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,
                              sumsq=s.lat_sumsq, **self._prefetch(w.up))
@@ -855,7 +870,7 @@ class K3Decode:
                                  **self._prefetch(w.up))
                     self._triton(P.LATENT_NORM, rmsnorm, s.routed_lat, w.latent_norm, lat_n,
                                  cfg.norm_eps)
-                self._up(w, s, lat_n, shared, shares)
+                self._up(l, w, s, lat_n, shared, shares)
             if not shares:
                 self._join(shared)
             if P.mlp_output_folded(cfg, v, l):
@@ -865,14 +880,16 @@ class K3Decode:
             self._all_reduce()
             self._end_prefetch_leg(l)
 
-    def _up(self, w: MoELayer, s, lat_n: torch.Tensor, shared, shares: bool) -> None:
+    def _up(self, l: int, w: MoELayer, s, lat_n: torch.Tensor, shared, shares: bool) -> None:
         """The MoE up GEMM; under shared_in_up it reads [normed latent | shared h] (S1's output
-        too, so S1 joins first) against [up ; shared down]."""
+        too, so S1 joins first) against [up ; shared down]. The next layer's first attention
+        GEMM follows it past the pre-attention aggregation."""
+        after = self._first_attn_weight(l + 1)
         if shares:
             self._join(shared)
-            self._mm(P.UP, s.up_in, w.up_cat, s.routed_out)
+            self._mm(P.UP, s.up_in, w.up_cat, s.routed_out, after=after)
         else:
-            self._mm(P.UP, lat_n, w.up, s.routed_out)
+            self._mm(P.UP, lat_n, w.up, s.routed_out, after=after)
 
     def _route(self, l: int, w: MoELayer, logits: torch.Tensor) -> None:
         """Top-k of the router logits, then the pairs grouped by expert."""

@@ -5,6 +5,7 @@
     parse("delay:kda_step_kernel:4000")      # the named Triton kernel spins 4 us longer
     parse("prefetch:24")                     # latency-bound kernels prefetch 24 MB of the next weight
     parse("linear_prefetch:16")              # skinny GEMMs prefetch 16 MB of their own weight first
+    parse("gemm_prefetch:16")                # skinny GEMMs prefetch 16 MB of the next GEMM's weight last
 
 A variant changes scheduling or fusion only, never the math (kernels/README.md); the
 plan test checks that the sub-ops of every variant compute the same things.
@@ -78,6 +79,7 @@ DELAY_PREFIX = "delay"
 PREFETCH_PREFIX = "prefetch"
 PREFETCH_LEG_PREFIX = "prefetch_leg"
 LINEAR_PREFETCH_PREFIX = "linear_prefetch"
+GEMM_PREFETCH_PREFIX = "gemm_prefetch"
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ class Variant:
                                       # formed as it loads, so the gate_mul launch (and hop) goes; the g_proj
                                       # leg still joins before the o_proj
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
+    gemm_prefetch_mb: int = 0        # MB of the next GEMM's weight a skinny Triton GEMM asks L2 for after its
+                                     # stores (per line), across the latency-bound kernels between them
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 
@@ -171,6 +175,8 @@ class Variant:
             parts.append(f"{PREFETCH_LEG_PREFIX}:{self.prefetch_leg_mb}")
         if self.linear_prefetch_mb:
             parts.append(f"{LINEAR_PREFETCH_PREFIX}:{self.linear_prefetch_mb}")
+        if self.gemm_prefetch_mb:
+            parts.append(f"{GEMM_PREFETCH_PREFIX}:{self.gemm_prefetch_mb}")
         if self.delay_kernel and self.delay_ns:
             parts.append(f"{DELAY_PREFIX}:{self.delay_kernel}:{self.delay_ns}")
         return "+".join(parts) or "baseline"
@@ -190,12 +196,13 @@ BASELINE = Variant()
 #: The `<prefix>:<MB>` parts: prefix -> (the Variant field, what the error calls it, its rule).
 _MB_PARTS = {PREFETCH_PREFIX: ("prefetch_mb", "prefetch", "MB a whole number"),
              PREFETCH_LEG_PREFIX: ("prefetch_leg_mb", "prefetch leg", "MB > 0"),
-             LINEAR_PREFETCH_PREFIX: ("linear_prefetch_mb", "linear prefetch", "MB > 0")}
+             LINEAR_PREFETCH_PREFIX: ("linear_prefetch_mb", "linear prefetch", "MB > 0"),
+             GEMM_PREFETCH_PREFIX: ("gemm_prefetch_mb", "GEMM prefetch", "MB > 0")}
 
 
 def parse(name: str) -> Variant:
     """`baseline`, any flag of the table, `prefetch:<MB>`, `prefetch_leg:<MB>`,
-    `linear_prefetch:<MB>`, `delay:<kernel>:<ns>`, joined with `+`."""
+    `linear_prefetch:<MB>`, `gemm_prefetch:<MB>`, `delay:<kernel>:<ns>`, joined with `+`."""
     v = BASELINE
     for part in (p.strip() for p in (name or "baseline").split("+")):
         if part in ("", "baseline"):
@@ -222,6 +229,7 @@ def parse(name: str) -> Variant:
         if part not in _FLAGS:
             raise ValueError(f"unknown variant {part!r}; known: baseline, {', '.join(_FLAGS)}, "
                              f"{PREFETCH_PREFIX}:<MB>, {PREFETCH_LEG_PREFIX}:<MB>, {LINEAR_PREFETCH_PREFIX}:<MB>, "
+                             f"{GEMM_PREFETCH_PREFIX}:<MB>, "
                              f"{DELAY_PREFIX}:<kernel>:<ns>")
         field, value = _FLAGS[part]
         v = replace(v, **{field: value})

@@ -55,6 +55,8 @@ BITWISE = ["no_attn_forks", "mla_epilogue_split", "residual_separate", "router_m
            "prefetch_lines"]
 #: prefetch_lines where it acts (with prefetch:<MB>, which BITWISE's join already holds once).
 PREFETCH_LINES = "prefetch:8+prefetch_lines"
+#: gemm_prefetch acts on the skinny Triton GEMMs: bit for bit against the same build without it.
+GEMM_PREFETCH_ON = "triton_linear+triton_o_proj"
 #: The bs1 campaign's changes (kernels/README.md): fp32 sums in another order, so near
 #: baseline (NEAR_TOL, when the routing agrees) and within REF_TOL of the reference.
 NEAR = ["router_fork", "mla_combine_wide", "triton_linear", "fmha_short_splits", "attn_res_dot",
@@ -291,6 +293,15 @@ def test_router_align_fused_bitwise_at_one_token():
     one = TINY_BLOCKS.with_(batch=1)
     assert_same(run_steps(K3Decode(one, parse("baseline"), "cpu"), 1),
                 run_steps(K3Decode(one, parse("router_align_fused"), "cpu"), 1))
+
+
+@cpu
+def test_gemm_prefetch_bitwise():
+    """gemm_prefetch:<MB> only asks L2 for bytes (compiled out here): the same outputs as the
+    build without it, through every skinny GEMM that carries it (qkvg, both o_projs, up)."""
+    one = TINY_BLOCKS.with_(batch=1)
+    assert_same(run_steps(K3Decode(one, parse(GEMM_PREFETCH_ON), "cpu"), 1),
+                run_steps(K3Decode(one, parse(GEMM_PREFETCH_ON + "+gemm_prefetch:8"), "cpu"), 1))
 
 
 @cpu
@@ -561,6 +572,7 @@ def test_gpu_variant_pairs(batch):
     base = gpu_replay_outputs(batch, "baseline")
     for name in [*BITWISE, PREFETCH_LINES]:
         assert_same(base, gpu_replay_outputs(batch, name))
+    assert_same(gpu_replay_outputs(batch, GEMM_PREFETCH_ON), gpu_replay_outputs(batch, GEMM_PREFETCH_ON + "+gemm_prefetch:8"))
     # kda_norm_separate: eager from the same start, against the reference (see
     # check_norm_separate); the baseline model's routing is that of its replayed step.
     base_model = gpu_model(batch)
