@@ -761,12 +761,12 @@ campaign58)  # round 18: the chained kernel's and the fused pair's GPU tests (gr
 campaign59)  # round 18: prefetch_lines' and gemm_prefetch's GPU tests (bit for bit at B = 1, 8, 64), the
   # latency window's case (o_proj -> score -> combine -> front, the front's first MB asked of L2 by the score or
   # the o_proj, bulk or per line), then on C72 the score's line form and the GEMMs' at 8 and 16 MB, 2 rounds
-  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "variant_pairs" 2>&1 \
-    | tee $OUT/gpu59.log | tail -1
   timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases window_prefetch --json $OUT/ops59_b1.json 2>&1 | grep "  "
   one="$C72+prefetch:8+prefetch_lines $C72+prefetch:16+prefetch_lines $C72+gemm_prefetch:8 $C72+gemm_prefetch:16"
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 \
-    --json $OUT/step59.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
+    --json $OUT/step59.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//'
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "variant_pairs" 2>&1 \
+    | tee $OUT/gpu59.log | tail -1 ;;
 campaign52)  # prepared in round 12, not run: the latency-bound kernels' warps in the step on C68 (@launch=;
   # the defaults: kda_step 8, rmsnorm 8 at 4096 columns, situ_mul 4, moe_router 4, gate_mul 4), 2 rounds of 5 each
   for one in "kda_step_kernel:4 kda_step_kernel:16 rmsnorm_kernel:4 rmsnorm_kernel:16" \
