@@ -237,6 +237,12 @@ C72=$C69+mla_absorb_concat+mla_kv_norm_insert
 # And gate_mul's product in the skinny o_proj's operand load, the g_proj join kept before the o_proj
 # (mla_gate_in_o_proj: whatif -18 us on c69; mla_gate_in_v, which moved that join up to V-up, was even).
 C73=$C72+mla_gate_in_o_proj
+# round 18 (on C72): the latency windows filled with the next GEMM's first weight bytes, asked of L2 per line
+# by the score kernels (prefetch_lines) or by the skinny GEMM before the window (gemm_prefetch)
+C74=$C72+prefetch:8+prefetch_lines
+C75=$C72+prefetch:16+prefetch_lines
+C76=$C72+gemm_prefetch:8
+C77=$C72+gemm_prefetch:16
 
 case $phase in
 campaign_test)
@@ -762,7 +768,7 @@ campaign59)  # round 18: prefetch_lines' and gemm_prefetch's GPU tests (bit for 
   # latency window's case (o_proj -> score -> combine -> front, the front's first MB asked of L2 by the score or
   # the o_proj, bulk or per line), then on C72 the score's line form and the GEMMs' at 8 and 16 MB, 2 rounds
   timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases window_prefetch --json $OUT/ops59_b1.json 2>&1 | grep "  "
-  one="$C72+prefetch:8+prefetch_lines $C72+prefetch:16+prefetch_lines $C72+gemm_prefetch:8 $C72+gemm_prefetch:16"
+  one="$C74 $C75 $C76 $C77"
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 \
     --json $OUT/step59.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//'
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "variant_pairs" 2>&1 \
