@@ -58,6 +58,10 @@ STANDALONE = {
     "mla_kv_norm_insert": (24, "mla_hops", "c69: both legs -> reader", "mla_kv_norm_insert: both legs -> reader"),
     "mla_absorb_concat+mla_kv_norm_insert": (24, "mla_hops", "c69: both legs -> reader",
                                              "mla_absorb_concat+mla_kv_norm_insert: both legs -> reader"),
+    # Round eighteen: one latency window, the o_proj issuing; the step has 185 such GEMM-issued
+    # windows (qkvg, the MLA o_proj, up), each timed as this one.
+    "gemm_prefetch:8": (185, "window_prefetch", "one call: no prefetch, 1", "one call: o_proj, lines 8 MB, 1"),
+    "prefetch:8+prefetch_lines": (186, "window_prefetch", "one call: no prefetch, 1", "one call: score, lines 8 MB, 1"),
     "mla_gate_in_o_proj": (24, "mla_hops", "c69: V-up -> gate_mul -> o_proj",
                            "mla_gate_in_o_proj: V-up -> o_proj with the gate"),
 }
