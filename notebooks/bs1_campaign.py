@@ -317,3 +317,30 @@ pl.DataFrame({"chain": list(r17["standalone_us"]), "us": list(r17["standalone_us
 # %%
 pl.DataFrame({"chain of 32 launches": list(r17["hop_floor_us_per_hop"]),
               "us_per_launch": list(r17["hop_floor_us_per_hop"].values())})
+
+
+# %% [markdown]
+# ## Round eighteen: what a dependency costs however it is carried; the latency windows
+# A grid barrier on a global-memory counter (the persistent-kernel way to follow a producer)
+# costs 1.06-1.15 us per stage against 0.83-0.97 for a PDL-early launch, so that direction is
+# dropped. Filling the latency-bound stretches with the next GEMM's first weight bytes (asked of
+# L2 per line by the score kernel or by the GEMM before the window) loses in every form: the
+# issuing grid waits for its lines, and the GEMM that finds them in L2 gains a quarter of their
+# time. The Gluon up GEMM loses too. c72 stays the campaign build.
+
+# %%
+r18 = full["round18"]
+against_base(per_build(unprofiled_runs(r18)), ["c72"])
+
+# %%
+pl.DataFrame({"chain": list(r18["hop_floor_us_per_hop"]), "us_per_hop": list(r18["hop_floor_us_per_hop"].values())})
+
+# %%
+# window_prefetch's keys are "<mode>: <form>, <round>".
+pl.DataFrame([{"mode": k.split(": ", 1)[0], "form": k.split(": ", 1)[1].rsplit(", ", 1)[0],
+               "round": k.rsplit(", ", 1)[1], "us": v}
+              for k, v in r18["standalone_us"]["window_prefetch"].items()]).pivot(on="mode", index=["form", "round"],
+                                                                                   values="us")
+
+# %%
+diff_rows(r18)
