@@ -295,13 +295,13 @@ def test_prefetch_args_cover_the_bytes():
         assert (chunks // 2) * programs * common.PF_CHUNK < want or chunks == 1
     assert common.prefetch_args(None, 1 << 20, 4, dummy)["PF_CHUNKS"] == 0
     assert common.prefetch_args(w, 0, 4, dummy)["PF_CHUNKS"] == 0
-    # Variant prefetch_lines: the same chunks, the count negative (the line form).
+    # Variant prefetch_lines: the same bytes, the chunks dealt out at run time (-1: the line form).
     w = torch.empty(7168, 6016, dtype=BF, device="meta")
     bulk = common.prefetch_args(w, 8 << 20, 7, dummy)
     with common.prefetch_lines():
         lines = common.prefetch_args(w, 8 << 20, 7, dummy)
         assert common.prefetch_args(w, 0, 7, dummy)["PF_CHUNKS"] == 0
-    assert bulk["PF_CHUNKS"] == 128 and lines["PF_CHUNKS"] == -128 and lines["pf_bytes"] == bulk["pf_bytes"]
+    assert bulk["PF_CHUNKS"] == 128 and lines["PF_CHUNKS"] == -1 and lines["pf_bytes"] == bulk["pf_bytes"]
     assert common.prefetch_args(w, 8 << 20, 7, dummy)["PF_CHUNKS"] == 128  # the context restored
 
 

@@ -146,7 +146,7 @@ def l2_prefetch(pf, pf_bytes, PF_CHUNKS: tl.constexpr):
     - PF_CHUNKS > 0: each program PF_CHUNKS consecutive chunks, one bulk prefetch each
       (cp.async.bulk.prefetch, sm_90). Measured in round three: the grid does not complete,
       for its dependent's wait, until they land.
-    - PF_CHUNKS < 0 (variant prefetch_lines): the chunks dealt out to the programs in turn,
+    - PF_CHUNKS = -1 (variant prefetch_lines): the chunks dealt out to the programs in turn,
       one `prefetch.global.L2` per 128-byte line spread over the threads: a hint on the
       load/store path that no instruction waits on.
     Fire and forget either way: no result and no effect on any value. Compiled out with
@@ -161,7 +161,7 @@ def l2_prefetch(pf, pf_bytes, PF_CHUNKS: tl.constexpr):
             "=r,l,r", [pf + offs, size], dtype=tl.int32, is_pure=False, pack=1)
     if PF_CHUNKS < 0 and not INTERPRET_C:
         # Chunk c to program c mod nprog, a chunk's 128 lines per iteration (one per thread
-        # at 4 warps). The bound is a runtime value: a constant one (|PF_CHUNKS|) was
+        # at 4 warps). The bound is a runtime value: a constant per-program count was
         # unrolled at 128 chunks and spilled.
         pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         nprog = tl.num_programs(0) * tl.num_programs(1)
@@ -193,14 +193,14 @@ def prefetch_args(weight, nbytes: int, programs: int, dummy) -> dict:
     """The kernel arguments of `l2_prefetch` for the first `nbytes` of `weight` (contiguous)
     split over `programs` programs; `weight=None` or nbytes <= 0: off (`dummy` fills the
     pointer). Sizes round down to 16 bytes, the bulk prefetch's granule. Inside
-    `prefetch_lines` the chunk count is negative: the line form."""
+    `prefetch_lines` PF_CHUNKS is -1: the line form."""
     if weight is None or nbytes <= 0:
         return dict(pf=dummy, pf_bytes=0, PF_CHUNKS=0)
     assert weight.is_contiguous()
     nbytes = min(nbytes, weight.numel() * weight.element_size()) // 16 * 16
-    chunks = next_pow2(cdiv(cdiv(nbytes, PF_CHUNK), programs))
-    return dict(pf=weight.view(-1).view(torch.uint8), pf_bytes=nbytes,
-                PF_CHUNKS=-chunks if _prefetch_lines else chunks)
+    # The line form deals the chunks out at run time: one specialisation (-1) for any size.
+    chunks = -1 if _prefetch_lines else next_pow2(cdiv(cdiv(nbytes, PF_CHUNK), programs))
+    return dict(pf=weight.view(-1).view(torch.uint8), pf_bytes=nbytes, PF_CHUNKS=chunks)
 
 
 _trigger = PDL_LATE
