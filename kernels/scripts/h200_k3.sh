@@ -778,8 +778,8 @@ campaign60)  # round 18: on C72, the routed SiTU in the gate|up GEMM's epilogue 
   one="$C72+situ_in_gate_up $C72+situ_in_gate_up+side_priority $C72+situ_in_gate_up+shared_in_up"
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 \
     --json $OUT/step60.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//'
-  # the line form's prefetch arguments now one specialisation (PF_CHUNKS -1): its variant pairs again
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "variant_pairs" 2>&1 \
+  # the line form's prefetch arguments now one specialisation (PF_CHUNKS -1): its variant pairs again (B = 1)
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "variant_pairs and 1" 2>&1 \
     | tee $OUT/gpu60.log | tail -1 ;;
 campaign52)  # prepared in round 12, not run: the latency-bound kernels' warps in the step on C68 (@launch=;
   # the defaults: kda_step 8, rmsnorm 8 at 4096 columns, situ_mul 4, moe_router 4, gate_mul 4), 2 rounds of 5 each
