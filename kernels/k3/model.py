@@ -819,8 +819,9 @@ class K3Decode:
                 self._join(router)
             acts = P.gate_up_acts(cfg, v)  # then the GEMM stores h = SiTU(gate, up) itself
             # moe_grouped_tuned: both grouped GEMMs at moe.GROUPED_CONFIGS' blocks
-            tuned = P.grouped_tuned(cfg, v)
-            gu_blocks, down_blocks = (grouped_config(w.w13), grouped_config(w.w2)) if tuned else ({}, {})
+            tuned, ahead = P.grouped_tuned(cfg, v), P.weights_ahead(cfg, v)
+            gu_blocks, down_blocks = (grouped_config(w.w13, ahead), grouped_config(w.w2, ahead)) if tuned or ahead \
+                else ({}, {})
             self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg,
                          s.expert_h if acts else s.expert_gu, top_k=cfg.top_k, x_is_per_token=True, act_out=acts,
                          **gu_blocks)
@@ -835,7 +836,8 @@ class K3Decode:
                              top_k=cfg.top_k, x_is_per_token=False, act_in=True, **down_blocks)
             elif P.down_sums(cfg, v):  # the down GEMM adds the weighted sum into routed_sum
                 if not acts:
-                    self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
+                    with trigger_first(ahead):  # moe_weights_ahead: the down GEMM loads its weights meanwhile
+                        self._triton(P.EXPERT_ACT, situ_mul, s.expert_gu, s.expert_h)
                 self._triton(P.EXPERT_DOWN, moe_grouped_gemm, s.expert_h, w.w2, *seg, s.routed_sum,
                              top_k=cfg.top_k, x_is_per_token=False, sum_weights=weights, **down_blocks)
             else:
@@ -856,8 +858,9 @@ class K3Decode:
                              cfg.norm_eps)
                 self._mm(P.UP, s.routed_lat_n, w.up, s.routed_out)
             elif P.down_sums(cfg, v):
-                self._triton(P.LATENT_NORM, rmsnorm, s.routed_sum, w.latent_norm, lat_n,
-                             cfg.norm_eps, clear_input=True)
+                with trigger_first(ahead):  # moe_weights_ahead: the up GEMM launches (early copies) meanwhile
+                    self._triton(P.LATENT_NORM, rmsnorm, s.routed_sum, w.latent_norm, lat_n,
+                                 cfg.norm_eps, clear_input=True)
                 self._up(l, w, s, lat_n, shared, shares)
             elif P.latent_norm_folds(cfg, v):
                 self._triton(P.WEIGHTED_SUM, moe_weighted_sum, s.expert_y, weights, s.routed_lat,

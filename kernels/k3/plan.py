@@ -494,6 +494,17 @@ def down_sums(cfg: K3Config, v: Variant) -> bool:
             and not latent_norm_folds(cfg, v) and not down_mixes(cfg, v) and not sum_norm_fuses(cfg, v))
 
 
+def weights_ahead(cfg: K3Config, v: Variant) -> bool:
+    """moe_weights_ahead: where the down GEMM sums atomically (B = 1), the routed situ_mul and
+    the latent norm trigger their dependents before their own wait, and the grouped GEMMs load
+    their expert's first weight blocks before theirs (moe.AHEAD_BLOCKS): each GEMM's weights
+    stream while the short kernel before it, and the tail of the GEMM before that, still run,
+    where HBM otherwise idles (kernels/README.md, round nineteen: the GPU metrics' dips). The
+    routing is written before either GEMM launches, so the early loads read finished data. Not
+    with situ_in_gate_up or situ_fused (their GEMMs' operands are formed as they load)."""
+    return v.moe_weights_ahead and down_sums(cfg, v) and not v.situ_fused and not gate_up_acts(cfg, v)
+
+
 def grouped_tuned(cfg: K3Config, v: Variant) -> bool:
     """moe_grouped_tuned: the routed grouped GEMMs take their blocks from moe.GROUPED_CONFIGS
     (picked in the step, kernels/README.md round twelve), not moe_grouped_gemm's defaults,

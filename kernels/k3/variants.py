@@ -72,6 +72,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "mla_kv_norm_insert": ("mla_kv_norm_insert", True),  # the KV leg's RMSNorm writes the cache row itself
     "mla_gate_in_o_proj": ("mla_gate_in_o_proj", True),  # the skinny o_proj forms o * sigmoid(g) as it loads
     "prefetch_lines": ("prefetch_lines", True),  # with prefetch:<MB>: one prefetch.global.L2 per line, not bulk
+    "moe_weights_ahead": ("moe_weights_ahead", True),  # B = 1: the grouped GEMMs load weights before their wait
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -162,6 +163,9 @@ class Variant:
     linear_prefetch_mb: int = 0      # MB of its own weight's first rows a skinny GEMM asks L2 for before its wait
     gemm_prefetch_mb: int = 0        # MB of the next GEMM's weight a skinny Triton GEMM asks L2 for after its
                                      # stores (per line), across the latency-bound kernels between them
+    moe_weights_ahead: bool = False  # B = 1, with moe_down_atomic: the routed situ_mul and the latent norm trigger
+                                     # before their wait; the grouped GEMMs load their first weight blocks (the
+                                     # down GEMM all of K) before theirs, streaming beside the kernels before them
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

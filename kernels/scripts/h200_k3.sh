@@ -27,7 +27,7 @@ install_dsl() { [ -f .gpu2/install.sh ] && source .gpu2/install.sh; }
 
 rec() {  # name, args... : one nsys recording of the decode loop
   local name=$1; shift
-  timeout 300 $N profile -t cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
+  timeout 300 $N profile -t cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none ${NSYS_EXTRA:-} \
      --capture-range=cudaProfilerApi --capture-range-end=stop -f true -o /tmp/rec/$name \
      python3 -m kernels.record_loop --workload k3-decode --timings-json /tmp/rec/$name.json "$@" \
      > /tmp/rec/$name.log 2>&1
@@ -243,6 +243,13 @@ C74=$C72+prefetch:8+prefetch_lines
 C75=$C72+prefetch:16+prefetch_lines
 C76=$C72+gemm_prefetch:8
 C77=$C72+gemm_prefetch:16
+# round 19 (on C72): nsys's GPU metrics show HBM idling 3-5 us at every GEMM -> short kernel -> GEMM
+# transition. The grouped GEMMs load their first weight blocks (the down GEMM all of K) before their
+# wait, and the short kernels before them (the routed situ_mul, the latent norm) trigger first, so that
+# the next GEMM launches, and streams, during them; C79 with the up GEMM as the Gluon GEMM that copies
+# its first slots before its wait.
+C78=$C72+moe_weights_ahead
+C79=$C78@glsub=kda.o_proj,moe.up
 
 case $phase in
 campaign_test)
@@ -781,6 +788,41 @@ campaign60)  # round 18: on C72, the routed SiTU in the gate|up GEMM's epilogue 
   # the line form's prefetch arguments now one specialisation (PF_CHUNKS -1): its variant pairs again (B = 1)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "variant_pairs and 1" 2>&1 \
     | tee $OUT/gpu60.log | tail -1 ;;
+campaign61)  # round 19: moe_weights_ahead (the grouped GEMMs' weights before their wait, the short kernels before
+  # them triggering first): its op and model GPU tests; on C72 the step alone, with the Gluon up GEMM, and
+  # pdl_trigger_first alone for comparison, 2 rounds; C78 recorded with GPU metrics beside C72 (carry .nsys)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py \
+    -k "weights_ahead or grouped_gemm or moe_down_atomic" 2>&1 | tee $OUT/gpu61.log | tail -1
+  timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "c72_ahead" 2>&1 \
+    | tee -a $OUT/gpu61.log | tail -1
+  one="$C78 $C79 $C72+pdl_trigger_first"
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 \
+    --json $OUT/step61.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign61_rec)  # round 19: C72 and C78 at full depth with GPU metrics (200 kHz), 20 steps each, 2 runs (carry .nsys)
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  GM="--gpu-metrics-device=0 --gpu-metrics-frequency=200000"
+  nb=${2:-c78}; nv=C${nb#c}
+  for r in a b; do NSYS_EXTRA="$GM" rec k3_gm_c72_$r --steps 20 --variant $C72
+                   NSYS_EXTRA="$GM" rec k3_gm_${nb}_$r --steps 20 --variant ${!nv}; done
+  pack gm61 ;;
+dram_metrics)  # round 19: nsys's GPU metrics (DRAM read/write throughput, 200 kHz) beside the kernels: the known
+  # traffic of bench/dram_probe.py, C72 at full depth and at 8 layers, the HF Llama (carry .nsys)
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  $N profile --gpu-metrics-device=help 2>&1 | tail -4
+  GM="--gpu-metrics-device=0 --gpu-metrics-frequency=${GM_HZ:-200000}"
+  timeout 120 $N profile -t cuda,nvtx --sample=none --cpuctxsw=none $GM --capture-range=cudaProfilerApi \
+    --capture-range-end=stop -f true -o /tmp/rec/dram_probe python3 bench/dram_probe.py --json /tmp/rec/dram_probe.json \
+    > /tmp/rec/dram_probe.log 2>&1; echo "dram_probe rc=$? $(tail -1 /tmp/rec/dram_probe.log | cut -c1-200)"
+  NSYS_EXTRA="$GM" rec k3_gm_c72 --steps ${GM_STEPS:-20} --variant $C72
+  NSYS_EXTRA="$GM" rec k3_gm8_c72 --steps 30 --layers 8 --variant $C72
+  timeout 200 $N profile -t cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none $GM \
+    --capture-range=cudaProfilerApi --capture-range-end=stop -f true -o /tmp/rec/hf_gm_base \
+    python3 -m kernels.hf_llama --steps 30 --hidden 4096 --timings-json /tmp/rec/hf_gm_base.json > /tmp/rec/hf_gm_base.log 2>&1
+  echo "hf_gm_base rc=$? $(tail -1 /tmp/rec/hf_gm_base.log | cut -c1-200)"
+  ls -la /tmp/rec
+  pack dram_gm ;;
 campaign52)  # prepared in round 12, not run: the latency-bound kernels' warps in the step on C68 (@launch=;
   # the defaults: kda_step 8, rmsnorm 8 at 4096 columns, situ_mul 4, moe_router 4, gate_mul 4), 2 rounds of 5 each
   for one in "kda_step_kernel:4 kda_step_kernel:16 rmsnorm_kernel:4 rmsnorm_kernel:16" \

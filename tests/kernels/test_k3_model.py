@@ -100,6 +100,8 @@ C69 = f"{C68}+attn_res_wide"
 #: and gate_mul's product in the o_proj's operand load.
 MLA_COPIES = "mla_absorb_concat+mla_kv_norm_insert"
 MLA_HOPS = f"{MLA_COPIES}+mla_gate_in_o_proj"
+#: Round nineteen: the campaign build c72 with the grouped GEMMs' weights loaded before their wait.
+C72_AHEAD = f"{C69}+{MLA_COPIES}+moe_weights_ahead"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -357,6 +359,43 @@ def test_campaign_variants_near_baseline(name, batch):
 
 
 @cpu
+def test_moe_weights_ahead_bitwise_at_the_same_blocks(monkeypatch):
+    """moe_weights_ahead on the atomic down GEMM's build (B = 1): both grouped GEMMs take
+    moe.AHEAD_CONFIGS' blocks and hold their first blocks before the wait, with the same
+    outputs bit for bit as the same blocks loaded after it (moe_grouped_tuned at those blocks);
+    at B = 2 (no atomic down GEMM) it changes nothing."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from kernels.k3.ops import moe
+
+    preloads: list[int] = []
+    run = InterpretedFunction.run
+
+    def logged_run(self, *args, grid, warmup, **kw):
+        if not warmup and self.fn.__name__ == "moe_grouped_gemm_kernel":
+            preloads.append(kw.get("PRELOAD", 0))
+        return run(self, *args, grid=grid, warmup=warmup, **kw)
+
+    monkeypatch.setattr(InterpretedFunction, "run", logged_run)
+    ATOMIC_CPU = "triton_linear+moe_down_atomic"  # the Gluon GEMMs need the K3 shapes
+    one = TINY_BLOCKS.with_(batch=1)
+    probe = K3Decode(one, parse(ATOMIC_CPU), "cpu")
+    layer = next(probe.layers[l].mlp for l in one.layers if one.mlp_family(l) == MOE)
+    (gu_n, gu_k), (down_n, down_k) = (tuple(w.shape[1:]) for w in (layer.w13, layer.w2))
+    monkeypatch.setattr(moe, "GROUPED_CONFIGS", {(gu_n, gu_k): (16, 16, 4, 2), (down_n, down_k): (16, 16, 4, 2)})
+    monkeypatch.setattr(moe, "AHEAD_CONFIGS", {(gu_n, gu_k): (16, 16, 4, 2, 2), (down_n, down_k): (16, 16, 4, 2, 3)})
+    tuned = run_steps(K3Decode(one, parse(f"{ATOMIC_CPU}+moe_grouped_tuned"), "cpu"), 1)
+    assert set(preloads) == {0}
+    preloads.clear()
+    assert_same(tuned, run_steps(K3Decode(one, parse(f"{ATOMIC_CPU}+moe_weights_ahead"), "cpu"), 1))
+    moe_layers = sum(one.mlp_family(l) == MOE for l in one.layers)
+    assert sorted(preloads) == sorted([min(2, gu_k // 16), min(3, down_k // 16)] * moe_layers), preloads
+    two = TINY_BLOCKS.with_(batch=2)
+    assert_same(run_steps(K3Decode(two, parse(ATOMIC_CPU), "cpu"), 1),
+                run_steps(K3Decode(two, parse(f"{ATOMIC_CPU}+moe_weights_ahead"), "cpu"), 1))
+
+
+@cpu
 def test_moe_grouped_tuned_blocks_reach_both_grouped_gemms(monkeypatch):
     """moe.GROUPED_CONFIGS' blocks reach the gate|up and the down GEMM at B = 1 and 2, the
     result stays near baseline (fp32 sums over other K blocks); without the variant the
@@ -510,7 +549,8 @@ def test_gpu_side_priority_raises_the_side_streams():
 @pytest.mark.parametrize("name", ["baseline", "no_attn_forks", "kda_norm_separate+residual_separate",
                                   "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
                                   SITU_GATE_UP, SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"),
-                                  pytest.param(C68, id="c68"), pytest.param(C69, id="c69")])
+                                  pytest.param(C68, id="c68"), pytest.param(C69, id="c69"),
+                                  pytest.param(C72_AHEAD, id="c72_ahead")])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -534,7 +574,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
                                   SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"), pytest.param(C68, id="c68"),
-                                  pytest.param(C69, id="c69")])
+                                  pytest.param(C69, id="c69"), pytest.param(C72_AHEAD, id="c72_ahead")])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()

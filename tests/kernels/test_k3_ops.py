@@ -1003,6 +1003,62 @@ def test_situ_in_gate_up_is_the_pair(B, E, K, N, KD):
     close(fused, R.ref_situ_mul(R.ref_moe_grouped_gemm(x, w, ids)), atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("B,E,K,N,KD,bk,preload", [
+    (1, 64, 16, 64, 384, 128, 3),   # the K3 down GEMM's shape class: all of K held before the wait
+    (1, 32, 4, 64, 512, 128, 2),    # the gate|up form: two blocks held, the rest in the K loop
+    (40, 6, 4, 32, 128, 64, 1),     # > 16 pairs per expert: the M loop's second pass reloads
+])
+def test_grouped_gemm_weights_ahead_is_bitwise(B, E, K, N, KD, bk, preload):
+    """Variant moe_weights_ahead: the expert's first weight blocks loaded before the PDL wait
+    and multiplied first give the grouped GEMM's output bit for bit (the same blocks in the
+    same order), for the per-token and per-pair forms, and the atomic down GEMM's sums."""
+    g = gen(31)
+    ids = _random_ids(B, E, K, 31)
+    w = randn(g, E, N, KD, scale=KD ** -0.5)
+    P, G = B * K, min(B * K, E)
+    al = (torch.empty(P, device=DEV, dtype=I32), torch.empty(G, device=DEV, dtype=I32),
+          torch.empty(G + 1, device=DEV, dtype=I32), torch.empty(1, device=DEV, dtype=I32))
+    moe.moe_align(ids, E, *al)
+    x, h = randn(g, B, KD), randn(g, P, KD)
+    for operand, per_token in ((x, True), (h, False)):
+        plain, ahead = (torch.full((P, N), float("nan"), device=DEV, dtype=BF) for _ in range(2))
+        for out, pre in ((plain, 0), (ahead, preload)):
+            moe.moe_grouped_gemm(operand, w, *al, out, top_k=K, x_is_per_token=per_token, block_n=32,
+                                 block_k=bk, preload=pre)
+        exact(ahead, plain)
+    tw = torch.rand(B, K, generator=g, device=DEV, dtype=F32)
+    sums = [torch.zeros(B, N, device=DEV, dtype=F32) for _ in range(2)]
+    for acc, pre in zip(sums, (0, preload)):
+        moe.moe_grouped_gemm(h, w, *al, acc, top_k=K, x_is_per_token=False, sum_weights=tw, block_n=32,
+                             block_k=bk, preload=pre)
+    close(sums[1], sums[0], atol=1e-5, rtol=1e-5)  # the atomic adds' order is free on a GPU
+    with pytest.raises(AssertionError):  # its operand formed as it loads: not with the early blocks
+        moe.moe_grouped_gemm(torch.cat([h, h], 1), w, *al, plain, top_k=K, x_is_per_token=False,
+                             act_in=True, block_n=32, block_k=bk, preload=preload)
+
+
+@gpu_only
+def test_gpu_grouped_gemm_weights_ahead_k3():
+    """moe_weights_ahead at the K3 shapes, B = 1 (896 experts, top-16): each grouped GEMM at
+    moe.AHEAD_CONFIGS' blocks, its first blocks held before the wait, against the same blocks
+    loaded after it, bit for bit."""
+    g = gen(37)
+    ids = _random_ids(1, 896, 16, 37)
+    al = (torch.empty(16, device=DEV, dtype=I32), torch.empty(16, device=DEV, dtype=I32),
+          torch.empty(17, device=DEV, dtype=I32), torch.empty(1, device=DEV, dtype=I32))
+    moe.moe_align(ids, 896, *al)
+    for (n, k), (bn, bk, nw, ns, pre) in moe.AHEAD_CONFIGS.items():
+        w = randn(g, 896, n, k, scale=k ** -0.5)
+        per_token = k == 3584
+        x = randn(g, 1 if per_token else 16, k)
+        outs = [torch.full((16, n), float("nan"), device=DEV, dtype=BF) for _ in range(2)]
+        for out, p in zip(outs, (0, pre)):
+            moe.moe_grouped_gemm(x, w, *al, out, x_is_per_token=per_token, block_n=bn, block_k=bk,
+                                 num_warps=nw, num_stages=ns, preload=p)
+        exact(outs[1], outs[0])
+        close(outs[0], R.ref_moe_grouped_gemm(x, w, ids, x_is_per_token=per_token))
+
+
 def test_delay_ns_is_accepted():
     """Every launcher takes delay_ns; the interpreter forces it to 0 (no globaltimer)."""
     g = gen(18)
@@ -1174,6 +1230,12 @@ for B in (1, 8, 64):
     moe.moe_grouped_gemm(e(P, 384), e(896, 3584, 384), *al, e(B, 3584, dt=F32), x_is_per_token=False,
                          sum_weights=w)  # variant moe_down_atomic
     moe.moe_grouped_gemm(e(B, 6016)[:, 896:4480], e(896, 768, 3584), *al, e(P, 384), act_out=True)  # situ_in_gate_up
+    for wshape, (bn, bk, nw, ns, pre) in moe.AHEAD_CONFIGS.items():  # variant moe_weights_ahead
+        x_in = e(B, 6016)[:, 896:4480] if wshape[1] == 3584 else e(P, 384)
+        out = e(P, wshape[0]) if wshape[1] == 3584 else e(B, 3584, dt=F32)
+        moe.moe_grouped_gemm(x_in, e(896, *wshape), *al, out, x_is_per_token=wshape[1] == 3584,
+                             sum_weights=None if wshape[1] == 3584 else w, block_n=bn, block_k=bk,
+                             num_warps=nw, num_stages=ns, preload=pre)
     moe.moe_weighted_sum_norm(e(P, 3584), w, e(3584), e(B, 3584))  # variant moe_sum_norm_fused
     if B == 1:  # variant moe_down_mixed (and with situ_fused, from gate|up)
         moe.moe_down_mix(e(P, 384), e(896, 3584, 384), ids, w, e(B, 3584))

@@ -402,7 +402,7 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
                             SUM_OUT: tl.constexpr, ACT_OUT: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr, PRELOAD: tl.constexpr = 0):
     g = tl.program_id(0)
     if ACT_OUT:
         # Variant situ_in_gate_up: w's N rows are gate | up; the tile takes BLOCK_N / 2 gate rows
@@ -417,8 +417,24 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
         ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         nm = ns < N
     kr = tl.arange(0, BLOCK_K)
-    pdl_wait(USE_PDL)  # which expert is the producer's output: nothing to prefetch
-    if g < tl.load(num_segs):
+    if PRELOAD > 0:
+        # Variant moe_weights_ahead: the routing was written before this launch (the router leg
+        # joins by a full edge before the gate|up GEMM; the down GEMM launches after it), so
+        # this program's expert and its first PRELOAD weight blocks load before the wait, while
+        # the producer (a short kernel, or the GEMM before it) still runs. EVEN_N and EVEN_K only.
+        active = g < tl.load(num_segs)
+        e = tl.load(seg_expert + g, mask=active, other=0).to(tl.int64)
+        w_rows = w + e * stride_we + ns[:, None] * stride_wn
+        w0 = tl.load(w_rows + kr[None, :], mask=active, other=0.0)
+        if PRELOAD > 1:
+            w1 = tl.load(w_rows + BLOCK_K + kr[None, :], mask=active, other=0.0)
+        if PRELOAD > 2:
+            w2 = tl.load(w_rows + 2 * BLOCK_K + kr[None, :], mask=active, other=0.0)
+        pdl_wait(USE_PDL)
+    else:
+        pdl_wait(USE_PDL)  # which expert is the producer's output: nothing to prefetch
+        active = g < tl.load(num_segs)
+    if active:
         e = tl.load(seg_expert + g).to(tl.int64)  # int64: E * N * K overflows int32
         start = tl.load(seg_start + g)
         end = tl.load(seg_start + g + 1)
@@ -431,7 +447,16 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
             x_rows = x + xr.to(tl.int64)[:, None] * stride_x
             # Swap-AB: acc[n, m] = sum_k w[n, k] x[m, k]; weights fill the MMA's M side.
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
+            if PRELOAD > 0:
+                # The held blocks first, in the K loop's order (the same sums, bit for bit).
+                acc = dot(w0, tl.trans(tl.load(x_rows + kr[None, :], mask=mm[:, None], other=0.0)), acc, DOT_F32)
+                if PRELOAD > 1:
+                    acc = dot(w1, tl.trans(tl.load(x_rows + BLOCK_K + kr[None, :], mask=mm[:, None], other=0.0)),
+                              acc, DOT_F32)
+                if PRELOAD > 2:
+                    acc = dot(w2, tl.trans(tl.load(x_rows + 2 * BLOCK_K + kr[None, :], mask=mm[:, None], other=0.0)),
+                              acc, DOT_F32)
+            for k0 in range(PRELOAD * BLOCK_K, K, BLOCK_K):
                 ks = k0 + kr
                 if EVEN_N and EVEN_K:
                     wt = tl.load(w_rows + ks[None, :])
@@ -476,14 +501,20 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
 #: B = 1, -0.12 at B = 8, -4.1 at B = 64 (kernels/README.md, round twelve); the gate|up GEMM's
 #: candidates lost or tied at B = 1.
 GROUPED_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {(3584, 384): (64, 64, 4, 4)}
+#: Variant moe_weights_ahead: (block_n, block_k, num_warps, num_stages, blocks loaded before the
+#: wait) by expert weight shape: the down GEMM (K = 384) holds all of its K in three blocks of 128;
+#: the gate|up GEMM (K = 3584) its first two of 28.
+AHEAD_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {(3584, 384): (64, 128, 4, 4, 3),
+                                                                       (768, 3584): (64, 128, 4, 4, 2)}
 
 
-def grouped_config(w: torch.Tensor) -> dict[str, int]:
-    """moe_grouped_gemm's block keywords for expert bank `w` [E, N, K] from GROUPED_CONFIGS."""
-    config = GROUPED_CONFIGS.get((w.shape[1], w.shape[2]))
+def grouped_config(w: torch.Tensor, ahead: bool = False) -> dict[str, int]:
+    """moe_grouped_gemm's block keywords for expert bank `w` [E, N, K] from GROUPED_CONFIGS, or
+    with its blocks loaded before the wait from AHEAD_CONFIGS (ahead)."""
+    config = (AHEAD_CONFIGS if ahead else GROUPED_CONFIGS).get((w.shape[1], w.shape[2]))
     if config is None:
         return {}
-    return dict(zip(("block_n", "block_k", "num_warps", "num_stages"), config))
+    return dict(zip(("block_n", "block_k", "num_warps", "num_stages", "preload"), config))
 
 
 def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor,
@@ -492,7 +523,7 @@ def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tenso
                      act_in: bool = False, act_out: bool = False, sum_weights: torch.Tensor | None = None,
                      block_n: int = 64,
                      block_k: int = 128, num_warps: int = 4, num_stages: int = 4,
-                     delay_ns: int = 0) -> torch.Tensor:
+                     preload: int = 0, delay_ns: int = 0) -> torch.Tensor:
     """out[pair] = x[pair // top_k if x_is_per_token else pair] @ w[expert(pair)].T.
 
     w is the expert bank [E, N, K] (K contiguous). Grid (G, cdiv(N, block_n)) with
@@ -504,7 +535,10 @@ def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tenso
     atomic adds: moe_weighted_sum's result unrounded, its launch gone; the order of the adds
     varies, so the last bits do from run to run.
     act_out=True (variant situ_in_gate_up, the gate|up GEMM): out is [P, N / 2], situ_mul of
-    the [P, N] product, bit for bit, without situ_mul's launch."""
+    the [P, N] product, bit for bit, without situ_mul's launch.
+    preload (variant moe_weights_ahead; 0 to 3, all of K at most): each program loads its
+    expert's first `preload` weight blocks before its PDL wait, the routing having been written
+    before the launch; not with act_in or act_out; the same sums, bit for bit."""
     _, N, K = w.shape
     P = sorted_pairs.shape[0]
     G = seg_expert.shape[0]
@@ -520,13 +554,15 @@ def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tenso
     assert x.shape[0] * (top_k if x_is_per_token else 1) == P
     BLOCK_N = max(16, min(block_n, next_pow2(N)))
     BLOCK_K = max(16, min(block_k, next_pow2(K)))
+    preload = min(preload, cdiv(K, BLOCK_K))
+    assert 0 <= preload <= 3 and not (preload and (act_in or act_out or N % BLOCK_N or K % BLOCK_K))
     launch(moe_grouped_gemm_kernel, (G, cdiv(N, BLOCK_N)), x, w, sorted_pairs, seg_expert,
            seg_start, num_segs, out, N, K, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
            out if sum_weights is None else sum_weights, out.stride(0),
            TOP_K=top_k, X_PER_TOKEN=x_is_per_token, ACT_IN=act_in, SUM_OUT=sum_weights is not None, ACT_OUT=act_out,
            BLOCK_M=16, BLOCK_N=BLOCK_N,
            BLOCK_K=BLOCK_K, EVEN_N=N % BLOCK_N == 0, EVEN_K=K % BLOCK_K == 0, DOT_F32=DOT_F32,
-           num_warps=num_warps, num_stages=num_stages, delay_ns=delay_ns)
+           num_warps=num_warps, num_stages=num_stages, PRELOAD=preload, delay_ns=delay_ns)
     return out
 
 
