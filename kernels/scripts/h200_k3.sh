@@ -250,6 +250,9 @@ C77=$C72+gemm_prefetch:16
 # its first slots before its wait.
 C78=$C72+moe_weights_ahead
 C79=$C78@glsub=kda.o_proj,moe.up
+# C80: every transition ahead: the attention residuals' pair triggers first too (pdl_trigger_first) and
+# qkvg joins the Gluon GEMMs with all 8 slots copied before its wait.
+C80=$C78+pdl_trigger_first@glsub=kda.o_proj,moe.up,kda.qkvg@glcfg=7168x6144:64,128,4,8,8
 
 case $phase in
 campaign_test)
@@ -789,13 +792,13 @@ campaign60)  # round 18: on C72, the routed SiTU in the gate|up GEMM's epilogue 
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "variant_pairs and 1" 2>&1 \
     | tee $OUT/gpu60.log | tail -1 ;;
 campaign61)  # round 19: moe_weights_ahead (the grouped GEMMs' weights before their wait, the short kernels before
-  # them triggering first): its op and model GPU tests; on C72 the step alone, with the Gluon up GEMM, and
-  # pdl_trigger_first alone for comparison, 2 rounds; C78 recorded with GPU metrics beside C72 (carry .nsys)
+  # them triggering first): its op and model GPU tests; on C72 the step alone, with the Gluon up GEMM, every
+  # transition ahead (C80), and pdl_trigger_first alone for comparison, 2 rounds
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py \
     -k "weights_ahead or grouped_gemm or moe_down_atomic" 2>&1 | tee $OUT/gpu61.log | tail -1
   timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "c72_ahead" 2>&1 \
     | tee -a $OUT/gpu61.log | tail -1
-  one="$C78 $C79 $C72+pdl_trigger_first"
+  one="$C78 $C79 $C80 $C72+pdl_trigger_first"
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 \
     --json $OUT/step61.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
 campaign61_rec)  # round 19: C72 and C78 at full depth with GPU metrics (200 kHz), 20 steps each, 2 runs (carry .nsys)
