@@ -767,15 +767,19 @@ class K3Decode:
                 self._join(gate)
             # mla_gate_in_v: V-up writes o * sigmoid(g) straight into the o_proj's input.
             v_out = s.mla_gated.view(B, NH, -1) if gated else s.mla_o
-            self._head_bmm(P.V_UP, s.attn_lat, w.w_uv, v_out.transpose(0, 1), gate=s.g if gated else None)
+            # mla_o_proj_ahead: V-up and gate_mul trigger first, so the o_proj launches (and copies
+            # its first weight slots, as the Gluon GEMM) while the FMHA's combine still runs.
+            with trigger_first(v.mla_o_proj_ahead):
+                self._head_bmm(P.V_UP, s.attn_lat, w.w_uv, v_out.transpose(0, 1), gate=s.g if gated else None)
             if not merged and not gated:
                 self._join(gate)
             if P.gate_in_o_proj(cfg, v):  # the o_proj gates its own operand
                 self._o_proj(l, s.mla_o.view(B, cfg.mla_out_width), w.o_proj, gate=s.g)
             else:
                 if not gated:
-                    self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
-                                 s.mla_gated)
+                    with trigger_first(v.mla_o_proj_ahead):
+                        self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
+                                     s.mla_gated)
                 self._o_proj(l, s.mla_gated, w.o_proj)
             self._all_reduce()
 

@@ -73,6 +73,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "mla_gate_in_o_proj": ("mla_gate_in_o_proj", True),  # the skinny o_proj forms o * sigmoid(g) as it loads
     "prefetch_lines": ("prefetch_lines", True),  # with prefetch:<MB>: one prefetch.global.L2 per line, not bulk
     "moe_weights_ahead": ("moe_weights_ahead", True),  # B = 1: the grouped GEMMs load weights before their wait
+    "mla_o_proj_ahead": ("mla_o_proj_ahead", True),  # V-up and gate_mul trigger first: the o_proj launches early
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -166,6 +167,8 @@ class Variant:
     moe_weights_ahead: bool = False  # B = 1, with moe_down_atomic: the routed situ_mul and the latent norm trigger
                                      # before their wait; the grouped GEMMs load their first weight blocks (the
                                      # down GEMM all of K) before theirs, streaming beside the kernels before them
+    mla_o_proj_ahead: bool = False   # the MLA's V-up and gate_mul trigger before their wait, so the o_proj launches
+                                     # (and, as the Gluon GEMM, copies its first slots) during the FMHA's combine
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

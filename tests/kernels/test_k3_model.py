@@ -101,7 +101,7 @@ C69 = f"{C68}+attn_res_wide"
 MLA_COPIES = "mla_absorb_concat+mla_kv_norm_insert"
 MLA_HOPS = f"{MLA_COPIES}+mla_gate_in_o_proj"
 #: Round nineteen: the campaign build c72 with the grouped GEMMs' weights loaded before their wait.
-C72_AHEAD = f"{C69}+{MLA_COPIES}+moe_weights_ahead"
+C72_AHEAD = f"{C69}+{MLA_COPIES}+moe_weights_ahead+mla_o_proj_ahead"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -393,6 +393,15 @@ def test_moe_weights_ahead_bitwise_at_the_same_blocks(monkeypatch):
     two = TINY_BLOCKS.with_(batch=2)
     assert_same(run_steps(K3Decode(two, parse(ATOMIC_CPU), "cpu"), 1),
                 run_steps(K3Decode(two, parse(f"{ATOMIC_CPU}+moe_weights_ahead"), "cpu"), 1))
+
+
+@cpu
+def test_mla_o_proj_ahead_bitwise():
+    """mla_o_proj_ahead only moves two triggers (compiled out here): the same outputs."""
+    one = TINY_BLOCKS.with_(batch=1)
+    base = "triton_linear+triton_o_proj+mla_head_bmm"
+    assert_same(run_steps(K3Decode(one, parse(base), "cpu"), 1),
+                run_steps(K3Decode(one, parse(f"{base}+mla_o_proj_ahead"), "cpu"), 1))
 
 
 @cpu

@@ -167,6 +167,7 @@ def test_baseline_counts():
     ("mla_kv_norm_insert", -24),        # the KV leg's insert, now in its norm
     ("mla_gate_in_o_proj", 0),          # needs the skinny o_proj (below)
     ("moe_weights_ahead", 0),           # needs moe_down_atomic: the same launches, loads before the wait
+    ("mla_o_proj_ahead", 0),            # the same launches, two of them triggering first
 ])
 def test_variant_kernel_deltas(name, delta):
     base, p = P.build_plan(FULL), P.build_plan(FULL, parse(name))
