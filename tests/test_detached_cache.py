@@ -20,7 +20,8 @@ from k3trace.config import load_config
 from k3trace.ingest import cachefs, detached, load_report
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE_FRAMES = ("kernels", "runtime", "nvtx", "graph_nodes", "sync", "gpus", "streams", "findings", "rejected_kernels")
+TRACE_FRAMES = ("kernels", "runtime", "nvtx", "graph_nodes", "sync", "gpus", "streams", "gpu_metrics", "findings",
+                "rejected_kernels")
 
 
 def test_detached_entries_equal_inline_ones(trace_sqlite, tmp_path):

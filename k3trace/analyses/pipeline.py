@@ -17,8 +17,8 @@ import polars as pl
 
 import k3trace
 from k3trace import cores, heap
-from k3trace.analyses import completeness, critical_path, families, kernels, layers, pdl, pre_attention, stepgraph
-from k3trace.analyses import steptimes, streams
+from k3trace.analyses import completeness, critical_path, dram, families, kernels, layers, pdl, pre_attention
+from k3trace.analyses import stepgraph, steptimes, streams
 from k3trace.analyses import store
 from k3trace.analyses.overlap import step_overlap
 from k3trace.analyses.result import DIFF_OMITS, KERNEL_COLUMNS, PATH_COLUMNS, Analysis
@@ -212,6 +212,8 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
     extras = _Tasks({
         "checked": lambda: completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source),
         "windows": lambda: pre_attention.windows(stable_kernels, cfg),
+        "dram": lambda: (dram.read_dram(trace.gpu_metrics, trace.gpus, steps, stable_kernels, assignment.lane[1])
+                         if whole else (None, [])),
     })
     with ThreadPoolExecutor(1) as side:
         spreading = (side.submit(extras.after, overlap_metrics, stable_kernels, steps, n, whole)
@@ -220,6 +222,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
         spread = (extras.after(overlap_metrics, stable_kernels, steps, n, whole) if spreading is None
                   else spreading.result())
     checked, windows = extras.result("checked"), extras.result("windows")
+    dram_reading, dram_notes = extras.result("dram")
     pdl_steps = on_path.pdl_steps
     notes = []
     if assignment.other_lanes:
@@ -229,6 +232,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
         notes.append(f"{r['rows']} of {r['total']} {r['table']} rows had {r['issue']} "
                      "(names that differ only past the cut read as one)")
     notes.extend(label_notes(summary))
+    notes.extend(dram_notes)
     if not cfg.infers_pdl:
         notes.append(f"a {trace.platform} trace: no PDL edges are inferred (HIP has no programmatic dependent "
                      "launch); kernels reported back to back count as same-stream gaps")
@@ -270,6 +274,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
         dropped={str(r): int(c) for r, c in dropped.iter_rows()},
         notes=tuple(notes),
         omitted=() if whole else DIFF_OMITS,
+        dram=dram_reading,
     )
 
 

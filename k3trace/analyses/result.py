@@ -9,6 +9,7 @@ import polars as pl
 
 from k3trace.analyses import stepgraph
 from k3trace.analyses.completeness import Completeness
+from k3trace.analyses.dram import DramReading
 from k3trace.config import Config
 from k3trace.ingest.kineto import KINETO_RECORDER
 from k3trace.model.labels import LabelSummary
@@ -24,7 +25,7 @@ PATH_COLUMNS = ("kernel_id", "step", "stream_id", "start", "end", "name", "famil
 #: The parts of an analysis that a diff never reads: it and its pages read the step times
 #: and quantiles, the family table, the graph, the path and kernels, the pre-attention
 #: windows and the completeness. The diff's analyses leave these out (`Analysis.omitted`).
-DIFF_OMITS = ("kernel_table", "layers", "path_steps", "pdl_steps", "pdl_summary")
+DIFF_OMITS = ("kernel_table", "layers", "path_steps", "pdl_steps", "pdl_summary", "dram")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Analysis:
     dropped: dict[str, int]                          # dropped steps by reason
     notes: tuple[str, ...] = field(default_factory=tuple)
     omitted: tuple[str, ...] = ()                    # the fields left out (None): DIFF_OMITS for a diff's side
+    dram: DramReading | None = None                  # from the report's DRAM metrics; None without them
 
     def _whole(self, what: str) -> None:
         """A part that reads the omitted fields fails with a clear message, not a None's AttributeError."""
@@ -170,4 +172,6 @@ class Analysis:
                              "truncated": self.completeness.truncated},
             "caveats": list(self.completeness.caveats),
             "notes": list(self.notes),
+            # Only where the report has DRAM metrics: the JSON of any other report is as it was.
+            **({"dram": self.dram.to_json()} if self.dram is not None else {}),
         }

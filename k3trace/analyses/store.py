@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from k3trace.analyses.completeness import Completeness
+from k3trace.analyses.dram import DramReading
 from k3trace.analyses.result import PATH_COLUMNS, Analysis
 from k3trace.analyses.stepgraph import StepGraph
 from k3trace.config import Config, ModuleRule, NameRule
@@ -28,7 +29,7 @@ FORMAT = 3
 #: cost half as much).
 _PATH_SHARED = ("kernel_id", "step", "stream_id", "start", "end", "name", "family", "layer", "launch_rank")
 _TYPES: dict[str, type] = {t.__name__: t for t in (Analysis, StepGraph, Completeness, Config, NameRule,
-                                                  ModuleRule, LabelSummary)}
+                                                  ModuleRule, LabelSummary, DramReading)}
 
 
 class _Encoder:

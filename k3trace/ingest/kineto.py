@@ -211,6 +211,7 @@ def normalise(events: pl.DataFrame, meta: dict, label: str) -> dict[str, pl.Data
         "streams": _cast(kernel_frame.select("stream_id", (pl.col("global_pid") // (1 << 24)).alias("pid"),
                                              pl.lit(None, dtype=pl.Int64).alias("priority")).unique("stream_id"),
                          "streams").sort("stream_id"),
+        "gpu_metrics": schema.empty("gpu_metrics"),
     }
 
 
@@ -290,7 +291,8 @@ def _gpus(meta: dict) -> pl.DataFrame:
     rows = [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []
     frame = pl.DataFrame(
         {"device_id": [p.get("id") for p in rows], "name": [p.get("name") for p in rows],
-         "sm_count": [p.get("numSms") for p in rows]},
-        schema={"device_id": pl.Int32, "name": pl.String, "sm_count": pl.Int32}, strict=False,
-    )
+         "sm_count": [p.get("numSms") for p in rows], "memory_bandwidth": [None] * len(rows)},
+        schema={"device_id": pl.Int32, "name": pl.String, "sm_count": pl.Int32, "memory_bandwidth": pl.Int64},
+        strict=False,
+    )  # Kineto records no DRAM peak (nor GPU metrics)
     return _cast(frame, "gpus")

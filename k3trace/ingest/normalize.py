@@ -12,7 +12,7 @@ import polars as pl
 
 from k3trace.errors import ReportError
 from k3trace.ingest import schema, validate
-from k3trace.ingest.tables import TRUNCATED, TableSource
+from k3trace.ingest.tables import TRUNCATED, WRONG_TYPE, TableSource
 from k3trace.ordering import sorted_by
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -21,6 +21,15 @@ NVTX_TABLE = "NVTX_EVENTS"
 GRAPH_TABLES = ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS")
 SYNC_TABLE = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")
+METRICS_TABLE, METRIC_NAMES_TABLE = "GPU_METRICS", "TARGET_INFO_GPU_METRICS"
+
+#: The GPU metrics read, by name: ids are not stable across nsys versions or GPUs (the
+#: export says so), names are. nsys 2023.4 on the H200: `DRAM Read Bandwidth [Throughput %]`,
+#: `DRAM Write Bandwidth [Throughput %]`. Only percentages are read (their unit is in the name).
+DRAM_METRICS = {"dram_read": r"(?i)^DRAM Read Bandwidth\b.*%", "dram_write": r"(?i)^DRAM Write Bandwidth\b.*%"}
+#: The CUDA device of a GPU-metrics type id: its low byte (nsys numbers the sampled GPUs so;
+#: with one GPU recorded here, the type id's low byte is 0 as the device's id).
+_DEVICE_BITS = 0xFF
 
 NVTX_DOMAIN_CREATE = 75
 
@@ -237,8 +246,41 @@ def sync(src: TableSource) -> pl.DataFrame:
 def gpus(src: TableSource) -> pl.DataFrame:
     if "TARGET_INFO_GPU" not in src.tables():
         return schema.empty("gpus")
-    raw = src.read("TARGET_INFO_GPU", ["id", "name", "smCount"], text=["name"], integers=["id", "smCount"])
-    return _cast(raw.rename({"id": "device_id", "smCount": "sm_count"}), "gpus")
+    ints = ["id", "smCount", "memoryBandwidth"]
+    raw = src.read("TARGET_INFO_GPU", ["id", "name", "smCount", "memoryBandwidth"], text=["name"], integers=ints)
+    return _cast(raw.rename({"id": "device_id", "smCount": "sm_count", "memoryBandwidth": "memory_bandwidth"}),
+                 "gpus")
+
+
+def gpu_metrics(src: TableSource) -> tuple[pl.DataFrame, list[dict]]:
+    """The DRAM metrics' samples (schema.GPU_METRICS) and what validation found. Only their
+    rows are read: a report holds about twenty metrics, one row each per 5-us sample (two
+    million rows in 0.4 s of capture). Absent tables (no `--gpu-metrics-device`): empty."""
+    tables = src.tables()
+    if METRICS_TABLE not in tables or METRIC_NAMES_TABLE not in tables:
+        return schema.empty("gpu_metrics"), []
+    names = src.read(METRIC_NAMES_TABLE, ["typeId", "metricId", "metricName"], text=["metricName"],
+                     integers=["typeId", "metricId"])
+    metric = pl.lit(None, pl.String)
+    for key, pattern in reversed(DRAM_METRICS.items()):
+        metric = pl.when(pl.col("metricName").str.contains(pattern)).then(pl.lit(key)).otherwise(metric)
+    wanted = (names.filter(pl.col("typeId").is_not_null() & pl.col("metricId").is_not_null())
+              .select("typeId", "metricId", metric.alias("metric")).drop_nulls("metric").unique(["typeId", "metricId"]))
+    if wanted.is_empty():
+        return schema.empty("gpu_metrics"), []
+    cols = ["timestamp", "typeId", "metricId", "value"]
+    raw = src.read(METRICS_TABLE, cols, integers=cols, only=("metricId", sorted(set(wanted["metricId"].to_list()))))
+    # A type's other metrics may share an id with another type's DRAM metric: keep the pairs.
+    raw = raw.join(wanted, on=["typeId", "metricId"], how="semi")
+    checks = [(validate.WRONG_TYPE_ISSUE, pl.col(WRONG_TYPE) > 0),
+              (validate.NULL_SAMPLE_ISSUE, pl.col("timestamp").is_null() | pl.col("value").is_null()),
+              (validate.NEGATIVE_VALUE_ISSUE, pl.col("value") < 0)]
+    raw, _, found = validate.split(raw, checks, METRICS_TABLE, duplicates_on=cols)
+    frame = raw.join(wanted, on=["typeId", "metricId"], how="left").select(
+        "timestamp", pl.col("typeId").alias("type_id"),
+        (pl.col("typeId") & _DEVICE_BITS).alias("device_id"), "metric", "value")
+    # One series per (GPU, metric), each in time order (every column: one defined order).
+    return _cast(frame, "gpu_metrics").sort("type_id", "metric", "timestamp", "value"), found
 
 
 def streams(src: TableSource) -> pl.DataFrame:
@@ -287,6 +329,7 @@ def normalise(src: TableSource, label: str) -> dict[str, pl.DataFrame]:
                           "export the report again with `nsys export -t sqlite`; the export is damaged")
     runtime_frame, r_found = runtime(src, strings)
     nvtx_frame, n_found = nvtx(src, strings)
+    metrics_frame, m_found = gpu_metrics(src)
     return {
         "kernels": kernel_frame,
         "runtime": runtime_frame,
@@ -295,6 +338,7 @@ def normalise(src: TableSource, label: str) -> dict[str, pl.DataFrame]:
         "sync": sync(src),
         "gpus": gpus(src),
         "streams": streams(src),
-        "findings": validate.findings_frame(found + k_found + r_found + n_found),
+        "gpu_metrics": metrics_frame,
+        "findings": validate.findings_frame(found + k_found + r_found + n_found + m_found),
         "rejected_kernels": rejected,
     }

@@ -52,6 +52,7 @@ class Trace:
     sync: pl.DataFrame
     gpus: pl.DataFrame
     streams: pl.DataFrame
+    gpu_metrics: pl.DataFrame        # the DRAM metrics' samples, when recorded (else empty)
     source: str                      # the input's file name (never a full path)
     form: str                        # sqlite | parquetdir | nsys-rep | qdstrm | kineto (+compressed)
     export: dict[str, str] = field(default_factory=dict)
@@ -272,8 +273,8 @@ def report_key(path: Path) -> str:
 
 #: Trace cache entry layout version (with schema.SCHEMA_VERSION in the key). 3: the export
 #: metadata names the platform (a Kineto trace of HIP work infers no PDL), and mangled HIP
-#: kernel names are shortened.
-CACHE_FORMAT = 3
+#: kernel names are shortened. 4: the DRAM metrics' samples, and the GPUs' DRAM peak.
+CACHE_FORMAT = 4
 
 
 def _frames() -> dict[str, pl.Schema]:

@@ -13,7 +13,7 @@ import polars as pl
 
 from k3trace.ingest.spelling import canonical
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: One row per kernel execution (CUPTI_ACTIVITY_KIND_KERNEL).
 KERNELS = pl.Schema(
@@ -83,8 +83,19 @@ SYNC = pl.Schema(
     }
 )
 
-#: GPUs (TARGET_INFO_GPU; absent from some 2026 exports).
-GPUS = pl.Schema({"device_id": pl.Int32, "name": pl.String, "sm_count": pl.Int32})
+#: GPUs (TARGET_INFO_GPU; absent from some 2026 exports). `memory_bandwidth`: the DRAM peak
+#: nsys records for the GPU, bytes/s (the reference of the DRAM metrics' percentages; null
+#: where unknown, as in torch.profiler traces).
+GPUS = pl.Schema({"device_id": pl.Int32, "name": pl.String, "sm_count": pl.Int32, "memory_bandwidth": pl.Int64})
+
+#: nsys's GPU-metrics samples (GPU_METRICS, `--gpu-metrics-device`), of the DRAM metrics
+#: only (the other metrics' rows are never read): one row per metric per sample. `value` is
+#: the percent of the DRAM peak over the interval that starts at `timestamp` and runs to the
+#: metric's next sample (docs/metrics.md, "DRAM"). `type_id` names the sampled GPU in the
+#: export; `device_id` is the CUDA device it is (the type id's low byte).
+GPU_METRICS = pl.Schema({"timestamp": pl.Int64, "type_id": pl.Int64, "device_id": pl.Int32,
+                         "metric": pl.String,   # `dram_read` or `dram_write`
+                         "value": pl.Int64})
 
 #: Streams (TARGET_INFO_CUDA_STREAM).
 STREAMS = pl.Schema({"stream_id": pl.Int64, "pid": pl.Int64, "priority": pl.Int64})
@@ -107,6 +118,7 @@ TABLES: dict[str, pl.Schema] = {
     "sync": SYNC,
     "gpus": GPUS,
     "streams": STREAMS,
+    "gpu_metrics": GPU_METRICS,
 }
 
 # nsys packs the process id into the upper bits of a global thread id: pid << 24 | tid.

@@ -37,6 +37,9 @@ Packing = Mapping[str, Sequence[tuple[str, int]]]
 #: Large tables are read in parts on up to this many threads, each part at least this many
 #: rows (a part's connection and query set-up cost about as much as reading 10k rows).
 MAX_READERS, MIN_ROWS_PER_READER = 4, 32768
+#: `read(only=(column, values))`: only the rows whose integer `column` holds one of `values`
+#: (the few GPU metrics k3trace reads of a table holding some twenty, one row each per sample).
+RowFilter = tuple[str, Sequence[int]]
 
 
 class TableSource(Protocol):
@@ -45,13 +48,15 @@ class TableSource(Protocol):
     def columns(self, table: str) -> frozenset[str]: ...
 
     def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
-             integers: Sequence[str] = (), packed: Packing = {}) -> pl.DataFrame:
+             integers: Sequence[str] = (), packed: Packing = {}, only: RowFilter | None = None) -> pl.DataFrame:
         """The named columns of `table`; missing ones come back as nulls, text decoded and
         cut at MAX_TEXT_BYTES (TRUNCATED counts cut values per row), `integers` columns as
         Int64 with non-integer values nulled (WRONG_TYPE counts them per row). Each
         `packed` column, after those, holds its source columns in one Int64 (a source
         column costs a read as much as a kept one), and is null in a row where one of them
-        is null, not an integer or past its bits (the caller reads them one by one then)."""
+        is null, not an integer or past its bits (the caller reads them one by one then).
+        `only`: the rows whose column (an integer one) holds one of the values, filtered
+        where the rows are read (the rest never reach memory); none when it is missing."""
         ...
 
 
@@ -76,6 +81,17 @@ def _packed_sql(sources: Sequence[tuple[str, int]], present: frozenset[str], che
     for col, bits in sources:
         value = f'({value} * {1 << bits} + "{col}")'
     return f"CASE WHEN {fits} THEN {value} END"
+
+
+def _only_sql(only: RowFilter | None, present: frozenset[str]) -> str:
+    """`read(only=...)` as an SQL condition ("" for every row). A text value never equals an
+    integer in SQLite: a damaged id is not read (it cannot be told to be one of `values`)."""
+    if only is None:
+        return ""
+    col, values = only
+    if col not in present or not values:
+        return "0"
+    return f'"{col}" IN ({", ".join(str(int(v)) for v in values)})'
 
 
 def decode_text(column: pl.Series) -> pl.Series:
@@ -141,7 +157,7 @@ class SqliteTables:
         return f'SELECT {", ".join(select)} FROM "{table}"'
 
     def _rowid_parts(self, table: str) -> list[str]:
-        """WHERE clauses cutting `table` into consecutive rowid ranges, one per reader: a
+        """Conditions cutting `table` into consecutive rowid ranges, one per reader: a
         large table is read on every core at once (SQLite and ADBC release the GIL), and the
         parts, concatenated in rowid order, are the rows of one full scan in its order."""
         readers = min(cores.per_analysis(), MAX_READERS)
@@ -159,8 +175,8 @@ class SqliteTables:
             return [""]
         cuts = [low + (high - low + 1) * i // readers for i in range(1, readers)]
         bounds = [None, *cuts, None]
-        return [" WHERE " + " AND ".join(([f"rowid >= {lo}"] if lo is not None else [])
-                                         + ([f"rowid < {hi}"] if hi is not None else []))
+        return [" AND ".join(([f"rowid >= {lo}"] if lo is not None else [])
+                             + ([f"rowid < {hi}"] if hi is not None else []))
                 for lo, hi in zip(bounds, bounds[1:])]
 
     def _query_part(self, table: str, query: str) -> pl.DataFrame:
@@ -188,13 +204,18 @@ class SqliteTables:
         assert isinstance(frame, pl.DataFrame)
         return frame
 
-    def _query(self, table: str, query: str) -> pl.DataFrame:
+    def _query(self, table: str, query: str, where: str = "") -> pl.DataFrame:
         parts = self._rowid_parts(table)
+
+        def part(rowids: str) -> str:
+            conditions = [c for c in (rowids, where) if c]
+            return query + (" WHERE " + " AND ".join(conditions) if conditions else "")
+
         if len(parts) == 1:
-            return self._query_part(table, query + parts[0])
+            return self._query_part(table, part(parts[0]))
         try:
             with ThreadPoolExecutor(len(parts)) as pool:
-                frames = list(pool.map(lambda where: self._query_part(table, query + where), parts))
+                frames = list(pool.map(lambda rowids: self._query_part(table, part(rowids)), parts))
             # Each part is typed from its own values: a column all null in one part comes
             # back as Null there, which the relaxed concatenation widens to the others' type
             # (and mixed types to one the callers' type checks refuse, as a whole read's).
@@ -202,12 +223,13 @@ class SqliteTables:
         except (ReportError, pl.exceptions.PolarsError):
             # A part failed: the whole read decides, so a damaged table fails (or reads) as
             # it always did, with the same message.
-            return self._query_part(table, query)
+            return self._query_part(table, part(""))
 
     def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
-             integers: Sequence[str] = (), packed: Packing = {}) -> pl.DataFrame:
+             integers: Sequence[str] = (), packed: Packing = {}, only: RowFilter | None = None) -> pl.DataFrame:
         present = self.columns(table)
         requested = [*columns, *packed]
+        where = _only_sql(only, present)
         # Columns this export lacks are added as typed nulls afterwards, not selected as
         # NULL: a constant column costs SQLite and ADBC as much as a real one (10% of the
         # kernel table's read for nsys 2022-2025's missing graphId).
@@ -222,7 +244,7 @@ class SqliteTables:
             # values change type, so a read that comes back with integer columns holds no
             # other value (checking typeof() per value in SQL costs 3x the read).
             try:
-                frame = self._query(table, self._select(table, columns, present, text, (), packed))
+                frame = self._query(table, self._select(table, columns, present, text, (), packed), where)
             except ReportError:
                 frame = None
             if frame is not None and not all(frame.schema[c].is_integer() or frame.schema[c] == pl.Null
@@ -231,7 +253,7 @@ class SqliteTables:
             if frame is not None:
                 frame = frame.with_columns(pl.lit(0, pl.Int64).alias(WRONG_TYPE))
         if frame is None:
-            frame = self._query(table, self._select(table, columns, present, text, integers, packed))
+            frame = self._query(table, self._select(table, columns, present, text, integers, packed), where)
         assert isinstance(frame, pl.DataFrame)
         if missing:
             extra = [c for c in frame.columns if c not in requested]
@@ -270,9 +292,11 @@ class ParquetDirTables:
             raise self._failed(table, exc) from None
 
     def read(self, table: str, columns: Sequence[str], *, text: Sequence[str] = (),
-             integers: Sequence[str] = (), packed: Packing = {}) -> pl.DataFrame:
+             integers: Sequence[str] = (), packed: Packing = {}, only: RowFilter | None = None) -> pl.DataFrame:
         present = self.columns(table)
-        frame = self._read(table, columns, text, integers, present)
+        if packed and only is not None:
+            raise ValueError("packed columns of a filtered read are not supported")
+        frame = self._read(table, columns, text, integers, present, only)
         # Read as they are and packed here: a Parquet read has nothing to save by it.
         return frame.with_columns(self._packed(table, present, sources, frame.height).alias(name)
                                   for name, sources in packed.items())
@@ -287,9 +311,22 @@ class ParquetDirTables:
         return pl.Series([None] * rows, dtype=pl.Int64)
 
     def _read(self, table: str, columns: Sequence[str], text: Sequence[str], integers: Sequence[str],
-              present: frozenset[str]) -> pl.DataFrame:
+              present: frozenset[str], only: RowFilter | None = None) -> pl.DataFrame:
+        wanted = [c for c in columns if c in present]
         try:
-            frame = pl.read_parquet(self._files[table], columns=[c for c in columns if c in present])
+            if only is None:
+                frame = pl.read_parquet(self._files[table], columns=wanted)
+            else:
+                # Filtered as the row groups are read (the rest never reach memory); a column
+                # of another type (damaged) is compared by its integer value where it has one.
+                col, values = only
+                scan = pl.scan_parquet(self._files[table])
+                if col not in present:
+                    frame = scan.select(wanted).head(0).collect()
+                else:
+                    key = pl.col(col) if scan.collect_schema()[col].is_integer() else pl.col(col).cast(
+                        pl.Int64, strict=False)
+                    frame = scan.filter(key.is_in([int(v) for v in values])).select(wanted).collect()
         except Exception as exc:
             raise self._failed(table, exc) from None
         missing = [pl.lit(None).alias(c) for c in columns if c not in present]

@@ -27,6 +27,8 @@ NEGATIVE_ISSUE = "with negative times"
 INVERTED_ISSUE = "ending before they start"
 DANGLING_ISSUE = "naming strings that are not in StringIds"
 DUPLICATE_ISSUE = "duplicating another row"
+NULL_SAMPLE_ISSUE = "with no timestamp or value"
+NEGATIVE_VALUE_ISSUE = "with negative values"
 TRUNCATED_ISSUE = f"with texts longer than {MAX_TEXT_BYTES // 1024} KiB, cut there"
 
 #: Columns every export schema k3trace reads (nsys 2022.1 to 2026.2, export schema 2.9 to
@@ -40,6 +42,8 @@ REQUIRED = {
     "NVTX_EVENTS": ("start", "end", "eventType", "text", "textId", "domainId", "globalTid"),
     "CUDA_GRAPH_NODE_EVENTS": ("start", "globalTid", "graphNodeId", "originalGraphNodeId", "nameId"),
     "CUDA_GRAPH_EVENTS": ("start", "globalTid", "graphNodeId", "originalGraphNodeId", "nameId"),
+    "GPU_METRICS": ("timestamp", "typeId", "metricId", "value"),
+    "TARGET_INFO_GPU_METRICS": ("typeId", "metricId", "metricName"),
 }
 #: Columns a later export schema added: (table, column) -> first (major, minor) with it.
 ADDED_IN = {("CUPTI_ACTIVITY_KIND_KERNEL", "graphId"): (3, 24)}

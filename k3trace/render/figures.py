@@ -114,6 +114,23 @@ def per_layer_bars(table: pl.DataFrame, title: str) -> go.Figure:
     return fig
 
 
+def dram_profile(profile: pl.DataFrame, peak_tbs: float, title: str) -> go.Figure:
+    """Mean DRAM read throughput by time since a segment's start, one line per segment kind
+    (dram.profile's bins), the peak as a dashed line."""
+    fig = go.Figure()
+    for (kind,), rows in profile.group_by("kind", maintain_order=True):
+        fig.add_trace(go.Scatter(
+            x=rows["t_us"].to_list(), y=rows["read_tbs"].to_list(), mode="lines", name=kind,
+            line={"color": colour(kind.split(" > ")[0]), "dash": "solid" if kind.endswith(("kda", "attn")) else "dot"},
+            customdata=rows["instances"].to_list(),
+            hovertemplate=kind + ": %{x:g}-us bin, %{y:.2f} TB/s over %{customdata} segments<extra></extra>"))
+    fig.add_hline(y=peak_tbs, line_dash="dash", line_color="#212121", annotation_text=f"peak {peak_tbs:.2f} TB/s",
+                  annotation_position="top left")
+    fig.update_layout(**LAYOUT, title=title, xaxis_title="time since the segment's first kernel started (us)",
+                      yaxis_title="DRAM read (TB/s, mean)", height=440, legend_title="segment")
+    return fig
+
+
 def pre_attention_bars(by_layer: pl.DataFrame, summary: dict | None, title: str) -> go.Figure:
     """The window per full-attention layer: median over stable steps, p90 as the whisker."""
     fig = go.Figure(go.Bar(

@@ -77,6 +77,19 @@ FAMILY_COLUMNS = [
     Column("critical_us", "on the critical path (us/step)", "num", 1),
 ]
 
+DRAM_FAMILY_COLUMNS = [
+    Column("family", "family"),
+    Column("device_busy_us", "device busy (us/step)", "num", 1, "union of the family's kernel intervals"),
+    Column("read_mb", "read (MB/step)", "num", 1, "DRAM bytes read while the family's kernels run"),
+    Column("read_tbs", "read (TB/s)", "num", 2, "bytes read / device busy, per step"),
+    Column("share_of_reads", "share of the step's reads", "share"),
+]
+DRAM_SEGMENT_COLUMNS = [
+    Column("kind", "segment"), Column("per_step", "per step", "num", 0),
+    Column("time_us", "time (us)", "num", 1, "from the (layer, family)'s first kernel start to the next one's"),
+    Column("read_mb", "read (MB)", "num", 1), Column("read_tbs", "read (TB/s)", "num", 2),
+]
+
 KERNEL_COLUMNS = [
     Column("name", "kernel", "name"), Column("family", "family"),
     Column("calls_per_step", "calls / step", "num", 0), Column("mean_us", "mean (us)", "num", 2),
@@ -152,6 +165,8 @@ def analysis_page(a: Analysis) -> str:
                    "time runs beside another stream, and how much of it stays exposed or on the critical path.")
              + html_table(a.families, FAMILY_COLUMNS)
              + page.figure(figures.family_bars(a.families, "per family, us per stable step")))
+    if a.dram is not None:
+        _dram_section(page, a)
     layers = layer_family_table(a.path)
     if layers.height:
         page.add("layers", "Per layer",
@@ -199,6 +214,37 @@ def analysis_page(a: Analysis) -> str:
                    "for its name, layer and time on the critical path; drag to zoom, or pick a layer in the menu.")
              + _timeline(page, a, f"representative stable step of {a.report}"))
     return page.render(header)
+
+
+def _dram_section(page: _Page, a: Analysis) -> None:
+    d = a.dram
+    s = d.summary()
+
+    def num(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    uncovered = f" ({s['steps_uncovered']} not covered)" if s["steps_uncovered"] else ""
+    lead = _lead(
+        f"From nsys's DRAM metrics ({s['sample_period_us']:.2f}-us samples of GPU {s['device_id']}), median over "
+        f"{s['steps']} stable steps{uncovered}: "
+        f"<b>{num(s['read_gb_per_step'], '.3f')} GB</b> read per step in a {num(s['span_us'], ',.2f')}-us span, "
+        f"{num(s['read_tbs'], '.2f')} TB/s mean, {num(s['fraction_of_peak'], '.1%')} of the {s['peak_tbs']:.2f} TB/s "
+        f"peak; HBM idle-equivalent <b>{num(s['idle_equivalent_us'], ',.1f')} us</b> (span - bytes/peak); writes "
+        f"{num(s['write_gb_per_step'], '.3f')} GB. The metric is a percentage of the report's DRAM peak, and reads "
+        "1.8% low against known bytes (docs/metrics.md, \"DRAM\").")
+    body = lead + html_table(d.families, DRAM_FAMILY_COLUMNS,
+                             caption="per family: time when two families' kernels run together counts for both")
+    if d.kinds.height:
+        body += html_table(d.kinds, DRAM_SEGMENT_COLUMNS,
+                           caption="per segment kind (median): `moe > mla` is an MoE segment followed by an MLA one")
+        body += page.figure(figures.dram_profile(
+            d.profile, s["peak_tbs"], "DRAM read by time since the segment's start (1-us bins, mean over the "
+                                      "segments; samples smooth it over about 5 us)"))
+        body += html_table(d.segments, [Column("layer", "layer", "int"), Column("family", "family"),
+                                        *DRAM_SEGMENT_COLUMNS[:1], Column("steps", "steps", "int"),
+                                        *DRAM_SEGMENT_COLUMNS[2:]],
+                           caption="per (layer, family) segment, median over stable steps")
+    page.add("dram", "DRAM", body)
 
 
 # -- two builds -------------------------------------------------------------------------------

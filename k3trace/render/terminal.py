@@ -107,8 +107,53 @@ def completeness(a: Analysis) -> RenderableType:
                        title="INCOMPLETE CAPTURE", border_style="red", expand=False), *caveats)
 
 
+def _gb(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} GB"
+
+
+def _tbs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def dram_tables(a: Analysis) -> RenderableType | None:
+    """The DRAM metrics' numbers (only where the report has them)."""
+    d = a.dram
+    if d is None:
+        return None
+    s = d.summary()
+    covered = f"{s['steps']} stable steps" + (f" ({s['steps_uncovered']} not covered)" if s["steps_uncovered"] else "")
+    head = Text(
+        f"reads per step {_gb(s['read_gb_per_step'])} in a {_us(s['span_us'], 2)}-us span: {_tbs(s['read_tbs'])} TB/s "
+        f"mean, {_share(s['fraction_of_peak'])} of the {s['peak_tbs']:.2f} TB/s peak\n"
+        f"HBM idle-equivalent {_us(s['idle_equivalent_us'], 1)} us per step (span - bytes/peak); "
+        f"writes {_gb(s['write_gb_per_step'])} per step\n"
+        f"GPU {s['device_id']}, {s['sample_period_us']:.2f}-us samples, medians over {covered}; bytes at the "
+        "report's peak read 1.8% low (docs/metrics.md, \"DRAM\")")
+    fam = Table(title="DRAM reads by family (median over stable steps)", box=box.SIMPLE_HEAD, show_edge=False)
+    for col, just in (("family", "left"), ("device busy us", "right"), ("read MB", "right"), ("TB/s", "right"),
+                      ("share of reads", "right")):
+        fam.add_column(col, justify=just)
+    for r in d.families.iter_rows(named=True):
+        fam.add_row(_name(r["family"]), _us(r["device_busy_us"]), _us(r["read_mb"]), _tbs(r["read_tbs"]),
+                    _share(r["share_of_reads"]))
+    parts: list[RenderableType] = [Panel(head, title="DRAM (GPU metrics)", expand=False), fam]
+    if d.kinds.height:
+        seg = Table(title="DRAM reads by segment: a (layer, family)'s first kernel to the next one's (median)",
+                    box=box.SIMPLE_HEAD, show_edge=False)
+        for col, just in (("segment", "left"), ("per step", "right"), ("time us", "right"), ("read MB", "right"),
+                          ("TB/s", "right")):
+            seg.add_column(col, justify=just)
+        for r in d.kinds.iter_rows(named=True):
+            seg.add_row(_name(r["kind"]), f"{r['per_step']:g}", _us(r["time_us"]), _us(r["read_mb"]),
+                        _tbs(r["read_tbs"]))
+        parts.append(seg)
+    return Group(*parts)
+
+
 def render_analysis(a: Analysis) -> RenderableType:
-    return Group(steps_panel(a), family_table(a), kernel_table(a), details(a), completeness(a))
+    dram = dram_tables(a)
+    return Group(steps_panel(a), family_table(a), *([dram] if dram is not None else []), kernel_table(a), details(a),
+                 completeness(a))
 
 
 # -- diff ----------------------------------------------------------------------------------
