@@ -830,13 +830,16 @@ def demo_cmd(
 def scrub_cmd(
     report: Path = typer.Argument(..., help="Report to scrub: .nsys-rep, .qdstrm or SQLite export (never modified)."),
     output: Path = typer.Option(..., "-o", "--output", help="Scrubbed SQLite file to write (.xz/.gz: compressed)."),
+    window: Optional[str] = typer.Option(None, "--window", help="GPU-metrics samples kept (only the DRAM metrics' "
+                                         "ever are): `kernels` (within 50 us of GPU work) or START_MS:END_MS."),
 ) -> None:
     """Remove the environment and host data a report carries, before sharing it."""
-    from k3trace.scrub import scrub
+    from k3trace.scrub import parse_window, scrub
 
     with one_line_errors():
+        kept = parse_window(window)
         output_file(output, "scrubbed output")
-        summary = scrub(report, output, Environment.resolve(None, True).tools)
+        summary = scrub(report, output, Environment.resolve(None, True).tools, window=kept)
     wrote(output, "scrubbed report", ", ".join(f"{k} {v}" for k, v in summary.items()))
 
 

@@ -14,6 +14,14 @@ wherever they occur, as are the user part of POSIX and Windows home paths
 (`/home/<user>/`, `/Users/<user>/`, `C:\\Users\\<user>\\`) and the value of environment-like
 `KEY=VALUE` entries (an upper-case key: `HF_TOKEN=...`); process names keep only the
 executable's file name. A name that carries none of these is left byte for byte.
+
+GPU metrics (`--gpu-metrics-device`): only the DRAM metrics' samples are kept (the ones
+k3trace reads; the other twenty-odd metrics are most of a report's rows), with their rows of
+TARGET_INFO_GPU_METRICS; their copies as JSON texts in GENERIC_EVENTS go; TARGET_INFO_GPU
+stays (it holds the DRAM peak). `window` trims the
+samples further to a time range: `kernels` keeps those within 50 us of a kernel, copy or
+memset, `(start_ns, end_ns)` those inside it; the trace's own rows are all kept (labels come
+from the graph capture, which is outside the steps), so steps outside it read as uncovered.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from pathlib import Path
 
 from k3trace.errors import ReportError
 from k3trace.ingest import Tools
+from k3trace.ingest.normalize import DRAM_METRICS, METRIC_NAMES_TABLE, METRICS_TABLE
 from k3trace.ingest.report import materialise
 
 SCRUBBED = "[scrubbed]"
@@ -171,7 +180,70 @@ def _sweep(con: sqlite3.Connection, tables: set[str], identities: set[bytes]) ->
     return changed
 
 
-def scrub_connection(con: sqlite3.Connection) -> dict[str, int]:
+#: `window="kernels"`: GPU-metrics samples this close to GPU work are kept (ns).
+WINDOW_MARGIN_NS = 50_000
+_GPU_WORK_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+#: A time range of GPU-metrics samples to keep: `kernels`, or (start, end) in the report's ns.
+Window = str | tuple[int, int] | None
+
+
+def parse_window(text: str | None) -> Window:
+    """`--window`: `kernels`, or START_MS:END_MS on the report's clock."""
+    if text is None or text == "kernels":
+        return text
+    match = re.fullmatch(r"\s*(-?\d+(?:\.\d*)?)\s*:\s*(-?\d+(?:\.\d*)?)\s*", text)
+    if match is None or float(match[1]) >= float(match[2]):
+        raise ReportError(f"--window {text!r} is neither `kernels` nor START_MS:END_MS with START below END",
+                          "pass e.g. --window kernels, or --window 40:50 (ms on the report's clock)")
+    return round(float(match[1]) * 1e6), round(float(match[2]) * 1e6)
+
+
+def _dram_only(con: sqlite3.Connection, tables: set[str]) -> int:
+    """Drop every GPU-metrics sample but the DRAM metrics' (matched by name, as ingest does)."""
+    if not {METRICS_TABLE, METRIC_NAMES_TABLE} <= tables:
+        return 0
+    patterns = [re.compile(p) for p in DRAM_METRICS.values()]
+    keep = [(t, m) for t, m, name in con.execute(f"SELECT typeId, metricId, CAST(metricName AS TEXT) FROM "
+                                                 f"{METRIC_NAMES_TABLE}")
+            if isinstance(name, str) and any(p.search(name) for p in patterns)]
+    if "GENERIC_EVENTS" in tables:
+        # The same samples again, every metric of one sample in a JSON text (nsys writes both).
+        con.execute(f"DELETE FROM GENERIC_EVENTS WHERE typeId IN (SELECT typeId FROM {METRIC_NAMES_TABLE})")
+    con.execute("CREATE TEMP TABLE k3_dram (typeId INTEGER, metricId INTEGER)")
+    con.executemany("INSERT INTO temp.k3_dram VALUES (?, ?)", keep)
+    dropped = con.execute(f"DELETE FROM {METRICS_TABLE} WHERE NOT EXISTS (SELECT 1 FROM temp.k3_dram k WHERE "
+                          f"k.typeId = {METRICS_TABLE}.typeId AND k.metricId = {METRICS_TABLE}.metricId)").rowcount
+    con.execute(f"DELETE FROM {METRIC_NAMES_TABLE} WHERE NOT EXISTS (SELECT 1 FROM temp.k3_dram k WHERE "
+                f"k.typeId = {METRIC_NAMES_TABLE}.typeId AND k.metricId = {METRIC_NAMES_TABLE}.metricId)")
+    con.execute("DROP TABLE temp.k3_dram")
+    return dropped
+
+
+def _windowed(con: sqlite3.Connection, tables: set[str], window: Window) -> int:
+    """Drop the GPU-metrics samples outside `window`."""
+    if window is None or METRICS_TABLE not in tables:
+        return 0
+    if window == "kernels":
+        spans = sorted((s - WINDOW_MARGIN_NS, e + WINDOW_MARGIN_NS) for t in _GPU_WORK_TABLES if t in tables
+                       for s, e in con.execute(f'SELECT start, "end" FROM {t} WHERE start IS NOT NULL AND '
+                                               '"end" IS NOT NULL'))
+        merged: list[list[int]] = []
+        for lo, hi in spans:
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+    else:
+        merged = [list(window)]
+    con.execute("CREATE TEMP TABLE k3_window (lo INTEGER, hi INTEGER)")
+    con.executemany("INSERT INTO temp.k3_window VALUES (?, ?)", merged)
+    dropped = con.execute(f"DELETE FROM {METRICS_TABLE} WHERE NOT EXISTS (SELECT 1 FROM temp.k3_window w WHERE "
+                          f"{METRICS_TABLE}.timestamp BETWEEN w.lo AND w.hi)").rowcount
+    con.execute("DROP TABLE temp.k3_window")
+    return dropped
+
+
+def scrub_connection(con: sqlite3.Connection, window: Window = None) -> dict[str, int]:
     tables = _tables(con)
     if "StringIds" not in tables:
         raise ReportError("not an Nsight Systems SQLite export (no StringIds table)",
@@ -202,14 +274,17 @@ def scrub_connection(con: sqlite3.Connection) -> dict[str, int]:
     for table in _HOST_TABLES:
         if table in tables:
             con.execute(f'DELETE FROM "{table}"')
+    if METRICS_TABLE in tables:
+        done["GPU metric samples dropped"] = _dram_only(con, tables) + _windowed(con, tables, window)
     done["strings"] = _scrub_strings(con, tables)
     done["redacted values"] = _sweep(con, tables, identities)
     return done
 
 
-def scrub(src: Path, dst: Path, tools: Tools = Tools()) -> dict[str, int]:
+def scrub(src: Path, dst: Path, tools: Tools = Tools(), window: Window = None) -> dict[str, int]:
     """Write a scrubbed SQLite copy of the report `src` (any form `load_report` reads) to
-    `dst`, atomically; `dst` ending in .xz or .gz is compressed."""
+    `dst`, atomically; `dst` ending in .xz or .gz is compressed. `window`: the GPU-metrics
+    samples kept (module docstring)."""
     src, dst = Path(src), Path(dst)
     if not src.exists():
         raise ReportError(f"{src.name}: no such file", "pass a report or its SQLite export")
@@ -226,7 +301,7 @@ def scrub(src: Path, dst: Path, tools: Tools = Tools()) -> dict[str, int]:
             con = sqlite3.connect(copy)
             try:
                 with con:
-                    summary = scrub_connection(con)
+                    summary = scrub_connection(con, window)
                 con.execute("VACUUM")
             finally:
                 con.close()
