@@ -682,6 +682,8 @@ def record_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command line and exit."),
     profiler: Profiler = typer.Option(Profiler.nsys, "--profiler", help="nsys, or torch: torch.profiler (Kineto "
                                       "trace), for the built-in workload on machines without nsys."),
+    gpu_metrics: bool = typer.Option(False, "--gpu-metrics", help="Also sample GPU 0's metrics every 5 us (nsys "
+                                     "--gpu-metrics-device=0 --gpu-metrics-frequency=200000): DRAM throughput."),
     config: Optional[Path] = ConfigOpt,
     cache_dir: Optional[Path] = CacheDir,
     width: Optional[int] = Width,
@@ -698,6 +700,9 @@ def record_cmd(
         env = Environment.resolve(cache_dir, False)
         command = external or record.workload_command(workload.value, batch, steps, variant, layers, capture.value)
         if profiler == Profiler.torch:
+            if gpu_metrics:
+                raise ReportError("--gpu-metrics needs nsys (torch.profiler samples no GPU metrics)",
+                                  "record with --profiler nsys, or leave out --gpu-metrics")
             if external:
                 raise ReportError("--profiler torch records the built-in workload only",
                                   "start a serving engine's own torch.profiler (docs/recording.md, "
@@ -712,7 +717,7 @@ def record_cmd(
             return
         plan = record.RecordPlan(
             nsys=env.tools.nsys or "nsys", output=output, command=command, capture_range_end=capture_range_end,
-            extra_flags=record.ENGINE_FLAGS if external else (),
+            extra_flags=(record.ENGINE_FLAGS if external else ()) + (record.GPU_METRICS_FLAGS if gpu_metrics else ()),
         )
         if dry_run:
             typer.echo(plan.shell())

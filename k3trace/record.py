@@ -51,6 +51,9 @@ def workload_command(workload: str, batch: int, steps: int, variant: str, layers
 
 #: Serving engines fork their workers: follow them (ENGINES.md).
 ENGINE_FLAGS = ("--trace-fork-before-exec=true",)
+#: `record --gpu-metrics`: nsys samples GPU 0's metrics beside the trace every 5 us (200 kHz),
+#: among them the DRAM read and write throughput `analyze` reads (docs/metrics.md, "DRAM").
+GPU_METRICS_FLAGS = ("--gpu-metrics-device=0", "--gpu-metrics-frequency=200000")
 
 
 #: What `k3trace record --profiler torch` writes: torch.profiler's suffix, gzip-compressed.
