@@ -111,9 +111,9 @@ def test_probe_reads_and_copies_come_to_their_known_bytes(probe):
     got = source.read.integral(spans[:, 0] - round(pad), spans[:, 1] + round(pad))
     error = got / info["buffer_bytes"] - 1
     assert np.all(np.abs(error) < 0.03), error
-    # The percentages are of about 1.8% more than memoryBandwidth (docs/metrics.md): the bytes
+    # The percentages are of about 1.9% more than memoryBandwidth (docs/metrics.md): the bytes
     # at memoryBandwidth come that much short, reads and copies alike.
-    assert error.mean() == pytest.approx(-0.018, abs=0.004)
+    assert error.mean() == pytest.approx(-0.019, abs=0.003)
     assert abs(error[:len(reads)].mean() - error[len(reads):].mean()) < 0.005
     # The samples straddling the edges: over the bare span the bytes come short by up to 4%.
     bare = source.read.integral(spans[:, 0], spans[:, 1]) / info["buffer_bytes"] - 1
@@ -285,7 +285,7 @@ def hf_read_bytes(info: dict) -> tuple[int, int]:
 
 
 def test_hf_bytes_per_step_are_its_parameters(trace_sqlite, analysis):
-    """Within 3%: the metric reads 1.8% low (the probe), and GQA's repeat_kv copies of the
+    """Within 3%: the metric reads 1.9% low (the probe), and GQA's repeat_kv copies of the
     cache (4x its 18 MB) may or may not leave the 60 MB L2; activations stay in L2."""
     info = json.loads((DATA / "hf_gm_base.json").read_text())
     params, cache = hf_read_bytes(info)

@@ -231,7 +231,7 @@ def _dram_section(page: _Page, a: Analysis) -> None:
         f"{num(s['read_tbs'], '.2f')} TB/s mean, {num(s['fraction_of_peak'], '.1%')} of the {s['peak_tbs']:.2f} TB/s "
         f"peak; HBM idle-equivalent <b>{num(s['idle_equivalent_us'], ',.1f')} us</b> (span - bytes/peak); writes "
         f"{num(s['write_gb_per_step'], '.3f')} GB. The metric is a percentage of the report's DRAM peak, and reads "
-        "1.8% low against known bytes (docs/metrics.md, \"DRAM\").")
+        "about 1.9% low against known bytes (docs/metrics.md, \"DRAM\").")
     body = lead + html_table(d.families, DRAM_FAMILY_COLUMNS,
                              caption="per family: time when two families' kernels run together counts for both")
     if d.kinds.height:

@@ -128,7 +128,7 @@ def dram_tables(a: Analysis) -> RenderableType | None:
         f"HBM idle-equivalent {_us(s['idle_equivalent_us'], 1)} us per step (span - bytes/peak); "
         f"writes {_gb(s['write_gb_per_step'])} per step\n"
         f"GPU {s['device_id']}, {s['sample_period_us']:.2f}-us samples, medians over {covered}; bytes at the "
-        "report's peak read 1.8% low (docs/metrics.md, \"DRAM\")")
+        "report's peak read about 1.9% low (docs/metrics.md, \"DRAM\")")
     fam = Table(title="DRAM reads by family (median over stable steps)", box=box.SIMPLE_HEAD, show_edge=False)
     for col, just in (("family", "left"), ("device busy us", "right"), ("read MB", "right"), ("TB/s", "right"),
                       ("share of reads", "right")):
