@@ -303,6 +303,18 @@ def test_hf_bytes_per_step_are_its_parameters(trace_sqlite, analysis):
     assert {r["kind"] for r in a.dram.kinds.iter_rows(named=True)} == {"attn > mlp", "mlp > attn", "mlp > head"}
 
 
+def test_samples_covering_no_whole_step_give_no_dram_numbers(trace_sqlite, tmp_path):
+    from k3trace.analyses import analyze
+    from k3trace.config import load_config
+    from k3trace.scrub import scrub
+
+    short = tmp_path / "short.sqlite"
+    scrub(trace_sqlite("hf_gm_base"), short, window=(45_000_000, 46_000_000))
+    a = analyze(load_report(short), load_config())
+    assert a.dram is None and "dram" not in a.to_json()
+    assert any("cover none of the 28 stable steps" in n for n in a.notes)
+
+
 # -- reports without metrics, damaged metrics -----------------------------------------------------
 
 def test_report_without_metrics_is_unchanged(trace_sqlite, analysis):

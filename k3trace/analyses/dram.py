@@ -76,6 +76,8 @@ def read_dram(metrics: pl.DataFrame, gpus: pl.DataFrame, steps: pl.DataFrame, ke
                                                    pl.col("last_end").alias("end"))
     per_step = step_reads(source, stable)
     uncovered = stable.height - per_step.height
+    if per_step.is_empty():
+        return None, [f"the DRAM metrics cover none of the {stable.height} stable steps whole: no DRAM numbers"]
     if uncovered:
         notes.append(f"the DRAM metrics cover {per_step.height} of the {stable.height} stable steps "
                      "(whole steps only): the DRAM numbers are over those")

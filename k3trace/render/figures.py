@@ -118,10 +118,13 @@ def dram_profile(profile: pl.DataFrame, peak_tbs: float, title: str) -> go.Figur
     """Mean DRAM read throughput by time since a segment's start, one line per segment kind
     (dram.profile's bins), the peak as a dashed line."""
     fig = go.Figure()
+    seen: dict[str, int] = {}   # kinds of one family: its colour, each with its own dash
     for (kind,), rows in profile.group_by("kind", maintain_order=True):
+        family = kind.split(" > ")[0]
+        seen[family] = seen.get(family, -1) + 1
         fig.add_trace(go.Scatter(
             x=rows["t_us"].to_list(), y=rows["read_tbs"].to_list(), mode="lines", name=kind,
-            line={"color": colour(kind.split(" > ")[0]), "dash": "solid" if kind.endswith(("kda", "attn")) else "dot"},
+            line={"color": colour(family), "dash": ("solid", "dot", "dash", "dashdot")[seen[family] % 4]},
             customdata=rows["instances"].to_list(),
             hovertemplate=kind + ": %{x:g}-us bin, %{y:.2f} TB/s over %{customdata} segments<extra></extra>"))
     fig.add_hline(y=peak_tbs, line_dash="dash", line_color="#212121", annotation_text=f"peak {peak_tbs:.2f} TB/s",
