@@ -503,9 +503,13 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
 GROUPED_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {(3584, 384): (64, 64, 4, 4)}
 #: Variant moe_weights_ahead: (block_n, block_k, num_warps, num_stages, blocks loaded before the
 #: wait) by expert weight shape: the down GEMM (K = 384) holds all of its K in three blocks of 128;
-#: the gate|up GEMM (K = 3584) its first two of 28.
-AHEAD_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {(3584, 384): (64, 128, 4, 4, 3),
-                                                                       (768, 3584): (64, 128, 4, 4, 2)}
+#: the gate|up GEMM (K = 3584) its first two of 28. Picked by bench/compile_audit.py (sm_90a, no
+#: device): at 64 columns and 4 stages the down GEMM took 132 KB of shared memory (its empty K
+#: loop's buffers beside the held blocks), one CTA per SM, 7 waves; one stage at 32 columns takes
+#: 36 KB and 96 registers, 5 CTAs per SM (c72's: 40 KB, 5). The gate|up GEMM at 3 stages keeps 2
+#: CTAs per SM (96 KB; 116 KB at 4).
+AHEAD_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {(3584, 384): (32, 128, 4, 1, 3),
+                                                                       (768, 3584): (64, 128, 4, 3, 2)}
 
 
 def grouped_config(w: torch.Tensor, ahead: bool = False) -> dict[str, int]:
