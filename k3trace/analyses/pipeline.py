@@ -212,8 +212,9 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
     extras = _Tasks({
         "checked": lambda: completeness.check(trace, steps, labelled, cfg, assignment.lane[0], assignment.source),
         "windows": lambda: pre_attention.windows(stable_kernels, cfg),
-        "dram": lambda: (dram.read_dram(trace.gpu_metrics, trace.gpus, steps, stable_kernels, assignment.lane[1])
-                         if whole else (None, [])),
+        # A diff's sides too (the diff reads none of it): None, and no cost, without metrics;
+        # tens of ms at full depth with them.
+        "dram": lambda: dram.read_dram(trace.gpu_metrics, trace.gpus, steps, stable_kernels, assignment.lane[1]),
     })
     with ThreadPoolExecutor(1) as side:
         spreading = (side.submit(extras.after, overlap_metrics, stable_kernels, steps, n, whole)

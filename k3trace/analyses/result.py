@@ -25,7 +25,7 @@ PATH_COLUMNS = ("kernel_id", "step", "stream_id", "start", "end", "name", "famil
 #: The parts of an analysis that a diff never reads: it and its pages read the step times
 #: and quantiles, the family table, the graph, the path and kernels, the pre-attention
 #: windows and the completeness. The diff's analyses leave these out (`Analysis.omitted`).
-DIFF_OMITS = ("kernel_table", "layers", "path_steps", "pdl_steps", "pdl_summary", "dram")
+DIFF_OMITS = ("kernel_table", "layers", "path_steps", "pdl_steps", "pdl_summary")
 
 
 @dataclass(frozen=True)
