@@ -28,7 +28,6 @@ import pytest
 
 import reference  # tests/reference.py
 from k3trace.analyses.dram_rate import Rate, dram_source
-from k3trace.errors import ReportError
 from k3trace.ingest import load_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -372,11 +371,20 @@ def test_damaged_metric_rows_are_excluded_and_reported(trace_sqlite, tmp_path):
     assert a.dram is not None
 
 
-def test_metrics_table_without_a_column_is_bad_input(trace_sqlite, tmp_path):
-    path = damaged_copy(trace_sqlite("dram_probe"), tmp_path / "renamed.sqlite",
-                        ["ALTER TABLE GPU_METRICS RENAME COLUMN value TO counterValue"])
-    with pytest.raises(ReportError, match="GPU_METRICS has no column value"):
-        load_report(path)
+def test_metrics_table_without_a_column_leaves_dram_out(trace_sqlite, tmp_path):
+    """Another nsys's metrics layout costs the report its DRAM numbers, with a finding, not
+    the kernels' analysis."""
+    from k3trace.analyses import analyze
+    from k3trace.config import load_config
+
+    for table, col in (("GPU_METRICS", "value"), ("TARGET_INFO_GPU_METRICS", "metricName")):
+        path = damaged_copy(trace_sqlite("dram_probe"), tmp_path / f"renamed_{table}.sqlite",
+                            [f"ALTER TABLE {table} RENAME COLUMN {col} TO other"])
+        trace = load_report(path)
+        assert trace.gpu_metrics.is_empty() and trace.kernels.height > 0
+        found = trace.findings.filter(pl.col("table") == table)["issue"].to_list()
+        assert found == [f"without column {col}: DRAM numbers left out"]
+        assert analyze(trace, load_config()).dram is None
 
 
 def test_metric_names_decide_not_ids(trace_sqlite, tmp_path):

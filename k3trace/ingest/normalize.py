@@ -259,6 +259,11 @@ def gpu_metrics(src: TableSource) -> tuple[pl.DataFrame, list[dict]]:
     tables = src.tables()
     if METRICS_TABLE not in tables or METRIC_NAMES_TABLE not in tables:
         return schema.empty("gpu_metrics"), []
+    for table, cols in validate.OPTIONAL.items():
+        missing = [c for c in cols if c not in src.columns(table)]
+        if missing:  # another nsys's layout: the trace stays readable, its DRAM numbers go
+            issue = f"without column {', '.join(missing)}: DRAM numbers left out"
+            return schema.empty("gpu_metrics"), [validate.finding(table, issue, 1, 1, excluded=False)]
     names = src.read(METRIC_NAMES_TABLE, ["typeId", "metricId", "metricName"], text=["metricName"],
                      integers=["typeId", "metricId"])
     metric = pl.lit(None, pl.String)

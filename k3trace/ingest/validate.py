@@ -42,6 +42,10 @@ REQUIRED = {
     "NVTX_EVENTS": ("start", "end", "eventType", "text", "textId", "domainId", "globalTid"),
     "CUDA_GRAPH_NODE_EVENTS": ("start", "globalTid", "graphNodeId", "originalGraphNodeId", "nameId"),
     "CUDA_GRAPH_EVENTS": ("start", "globalTid", "graphNodeId", "originalGraphNodeId", "nameId"),
+}
+#: The GPU metrics' tables, optional beside the trace: one without these columns costs the
+#: report its DRAM numbers (a finding), never the kernels' analysis (normalize.gpu_metrics).
+OPTIONAL = {
     "GPU_METRICS": ("timestamp", "typeId", "metricId", "value"),
     "TARGET_INFO_GPU_METRICS": ("typeId", "metricId", "metricName"),
 }
