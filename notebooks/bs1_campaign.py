@@ -344,3 +344,43 @@ pl.DataFrame([{"mode": k.split(": ", 1)[0], "form": k.split(": ", 1)[1].rsplit("
 
 # %%
 diff_rows(r18)
+
+
+# %% [markdown]
+# ## Round nineteen: where HBM idles, from nsys's GPU metrics
+# c72 recorded with DRAM read throughput sampled every 5 us beside the trace (`k3trace record
+# --gpu-metrics`). Averaged over every instance of a segment kind the samples resolve the
+# transitions: the GEMMs stream at 4.5-4.6 TB/s and the rate falls at every GEMM -> short
+# kernel(s) -> GEMM hand-over; the MLA segment is one long dip. The bundled 8-layer recording
+# (B = 1, 28 stable steps) first, read live; then the full-depth figures.
+
+# %%
+from k3trace.render.figures import dram_profile
+
+gm = analyze(load_report(bundled_trace("k3_bs1_c72_gm")), cfg).dram
+steps = gm.steps.select(pl.col("read_bytes").median() / 1e9, pl.col("read_tbs").median(),
+                        pl.col("idle_equivalent_ns").median() / 1e3)
+steps.columns = ["read_gb_per_step", "read_tbs", "idle_equivalent_us"]
+steps
+
+# %%
+gm.kinds
+
+# %%
+dram_profile(gm.profile.filter(pl.col("kind").is_in(["kda > moe", "moe > kda", "mla > moe"])),
+             gm.peak_bytes_per_s / 1e12, "c72, 8 layers: DRAM read rate by time since each segment's start")
+
+# %% [markdown]
+# At full depth (93 layers, 20 steps): the idle-equivalent of each segment (its time less its
+# bytes at the GEMMs' 4.6 TB/s) and the dips it is made of. The prepared builds that load the
+# next GEMM's weights during a dip (C78-C81: `moe_weights_ahead`, `mla_o_proj_ahead`, the Gluon
+# GEMMs with early slots) have not run on a GPU yet.
+
+# %%
+r19 = full["round19"]
+pl.DataFrame([{"segment": k, "per_step": v["per_step"], "time_us": v["time"], "idle_equivalent_us": v["idle_equivalent"],
+               **{f"dip: {d}": us for d, us in v["dips"].items()}} for k, v in r19["segments_us"].items()],
+             strict=False)
+
+# %%
+pl.DataFrame([{"config": k, **v} for k, v in r19["compile_audit_sm90a"].items()], strict=False)
