@@ -251,6 +251,69 @@ def test_k3_segments_against_the_raw_rows(k3):
         assert prof["read_tbs"][b] == pytest.approx(mean, rel=1e-9)
 
 
+def test_dips_are_the_runs_below_the_plateau():
+    """A made-up profile: runs of bins under 80% of the kind's best bin are dips, with their
+    idle-equivalent at the peak and the kernels whose median start falls in them or in the bin
+    before; a run with bins missing inside is not one stretch."""
+    from k3trace.analyses.dram import dips
+
+    rates = [4.0, 4.0, 1.0, 2.0, 4.0, 3.1, 4.0, 0.5]   # TB/s; the plateau 4.0, the bar 3.2
+    prof = pl.DataFrame({"kind": ["a > b"] * 8 + ["c > d"] * 3, "t_us": [float(i) for i in range(8)] + [0.0, 1.0, 4.0],
+                         "read_tbs": rates + [4.0, 1.0, 1.0], "instances": [9] * 11})
+    offsets = pl.DataFrame({"kind": ["a > b"] * 4, "kernel": ["gemm", "norm", "gemm#2", "score"],
+                            "offset_us": [0.2, 1.5, 4.1, 6.9]})
+    got = dips(prof, offsets, 5e12)
+    peak = 5.0
+    assert got.filter(pl.col("kind") == "a > b").rows() == [
+        ("a > b", 2.0, 4.0, 1.0, ((peak - 1.0) + (peak - 2.0)) / peak, ["norm"]),
+        ("a > b", 5.0, 6.0, 3.1, (peak - 3.1) / peak, ["gemm#2"]),
+        ("a > b", 7.0, 8.0, 0.5, (peak - 0.5) / peak, ["score"]),
+    ]
+    # c > d: bins 1 and 4 are low but bins 2-3 are missing, so no single stretch spans them.
+    assert got.filter(pl.col("kind") == "c > d").height == 0
+
+
+def test_k3_dips_name_the_transitions(k3):
+    """On c72: every dip's bins sit under 80% of its kind's best bin and the bins around it do
+    not; its idle-equivalent is over those bins; the kernels' offsets are the medians of their
+    starts after their window's (raw rows); and the MoE segment shows K3's four hand-overs."""
+    path, ref, a = k3
+    d = a.dram
+    peak = RawSamples(path).peak / 1e12
+    for row in d.dips.iter_rows(named=True):
+        prof = d.profile.filter(pl.col("kind") == row["kind"]).drop_nulls("read_tbs").sort("t_us")
+        bar = 0.8 * prof["read_tbs"].max()
+        inside = prof.filter((pl.col("t_us") >= row["from_us"]) & (pl.col("t_us") < row["to_us"]))
+        assert inside.height == round(row["to_us"] - row["from_us"]) and (inside["read_tbs"] < bar).all()
+        for edge in (row["from_us"] - 1, row["to_us"]):
+            around = prof.filter(pl.col("t_us") == edge)["read_tbs"]
+            assert around.is_empty() or around[0] >= bar
+        assert row["idle_equivalent_us"] == pytest.approx(sum((peak - r) / peak for r in inside["read_tbs"]))
+    starts: dict[str, list[int]] = {}
+    for kind, lo, hi in raw_windows(ref):
+        if kind != "moe > kda":
+            continue
+        for s in ref.stable:
+            starts.setdefault("norm", []).extend(k.start - lo for k in s.kernels
+                                                 if k.name == "rmsnorm_kernel" and lo <= k.start < hi)
+    offsets = kernel_offsets_of(a)
+    assert offsets["rmsnorm_kernel"] == pytest.approx(statistics.median(starts["norm"]) / 1e3)
+    moe = d.dips.filter(pl.col("kind") == "moe > kda").sort("from_us")
+    named = [set(k) for k in moe["kernels"].to_list()]
+    assert any({"moe_grouped_gemm_kernel#2"} <= n for n in named)                    # gate|up -> down
+    assert any({"rmsnorm_kernel", "skinny_mm_kernel#2"} <= n for n in named)         # down -> norm -> up
+    assert any({"attn_res_score_kernel", "attn_res_combine_kernel"} <= n for n in named)  # up -> the pair
+    assert moe["idle_equivalent_us"].sum() < d.kinds.filter(pl.col("kind") == "moe > kda")["time_us"][0]
+
+
+def kernel_offsets_of(a) -> dict[str, float]:
+    from k3trace.analyses.dram import kernel_offsets, segment_windows
+
+    stable = a.kernels.filter(pl.col("step").is_in(a.dram.steps["step"].implode()))
+    off = kernel_offsets(stable, segment_windows(stable)).filter(pl.col("kind") == "moe > kda")
+    return dict(zip(off["kernel"].to_list(), off["offset_us"].to_list()))
+
+
 def test_k3_family_reads_against_the_raw_rows(k3):
     """A family's reads: over the union of its kernel intervals in the step (median over steps)."""
     path, ref, a = k3

@@ -23,6 +23,10 @@ from k3trace.analyses.dram_rate import DramSource, Rate, dram_source
 
 #: The profile's bins (ns).
 PROFILE_BIN_NS = 1000
+#: A dip: a run of a kind's profile bins below this share of its best bin (its GEMMs' plateau).
+DIP_SHARE = 0.8
+#: Kernels named per dip in the text outputs (the frame keeps them all).
+DIP_KERNELS_SHOWN = 4
 TB = 1e12
 
 
@@ -40,6 +44,7 @@ class DramReading:
     segments: pl.DataFrame         # per (layer, family) segment: layer, family, kind, time_us, read_mb, read_tbs
     profile: pl.DataFrame          # kind, t_us (bin start), read_tbs (mean), instances
     uncovered_steps: int           # stable steps the samples do not cover whole
+    dips: pl.DataFrame             # kind, from_us, to_us, min_tbs, idle_equivalent_us, kernels (list[str])
 
     def summary(self) -> dict[str, Any]:
         """The step's numbers: medians over the covered stable steps."""
@@ -62,7 +67,7 @@ class DramReading:
         profile = self.profile.group_by("kind", maintain_order=True).agg("read_tbs", "instances")
         return {**self.summary(), "profile_bin_us": PROFILE_BIN_NS / 1e3,
                 "families": self.families.to_dicts(), "segment_kinds": self.kinds.to_dicts(),
-                "segments": self.segments.to_dicts(), "profile": profile.to_dicts()}
+                "segments": self.segments.to_dicts(), "profile": profile.to_dicts(), "dips": self.dips.to_dicts()}
 
 
 def read_dram(metrics: pl.DataFrame, gpus: pl.DataFrame, steps: pl.DataFrame, kernels: pl.DataFrame,
@@ -83,12 +88,14 @@ def read_dram(metrics: pl.DataFrame, gpus: pl.DataFrame, steps: pl.DataFrame, ke
                      "(whole steps only): the DRAM numbers are over those")
     kernels = kernels.filter(pl.col("step").is_in(per_step["step"].implode()))
     windows = segment_windows(kernels)
+    prof = profile(source.read, windows)
     return DramReading(
         device_id=source.device_id, peak_bytes_per_s=source.peak_bytes_per_s,
         sample_period_ns=source.read.period_ns, steps=per_step,
         families=family_reads(source.read, kernels, per_step), kinds=kind_reads(source.read, windows),
-        segments=layer_segment_reads(source.read, windows), profile=profile(source.read, windows),
-        uncovered_steps=uncovered), notes
+        segments=layer_segment_reads(source.read, windows), profile=prof,
+        uncovered_steps=uncovered,
+        dips=dips(prof, kernel_offsets(kernels, windows), source.peak_bytes_per_s)), notes
 
 
 def _integral(rate: Rate, frame: pl.DataFrame) -> pl.Series:
@@ -203,3 +210,52 @@ def profile(rate: Rate, windows: pl.DataFrame, bin_ns: int = PROFILE_BIN_NS) -> 
         return pl.DataFrame(schema={"kind": pl.String, "t_us": pl.Float64, "read_tbs": pl.Float64,
                                     "instances": pl.Int64})
     return pl.concat(out).with_columns(pl.col("read_tbs").fill_nan(None)).sort("kind", "t_us")
+
+
+def kernel_offsets(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """kind, kernel, offset_us: each kernel's start after its window's start, the median over
+    the window's instances, a kernel named once per occurrence in its window in start order
+    (`skinny_mm_kernel#2`: the window's second). Under PDL a kernel records its start where it
+    launched, near its producer's wait, not where its own wait returned."""
+    if windows.is_empty():
+        return pl.DataFrame(schema={"kind": pl.String, "kernel": pl.String, "offset_us": pl.Float64})
+    w = windows.select("step", "kind", pl.col("start").alias("w_start"), pl.col("end").alias("w_end")).sort("w_start")
+    k = (kernels.select(pl.col("step").cast(pl.Int64), "name", pl.col("start").cast(pl.Int64)).sort("start")
+         .join_asof(w, left_on="start", right_on="w_start", by="step", strategy="backward",
+                    check_sortedness=False)  # both sorted by start above
+         .filter(pl.col("start") < pl.col("w_end")))
+    k = k.with_columns(nth=pl.col("start").rank("ordinal").over("step", "w_start", "name"))
+    named = pl.when(pl.col("nth") > 1).then(pl.concat_str("name", pl.lit("#"), pl.col("nth").cast(pl.String)))
+    return (k.with_columns(kernel=named.otherwise(pl.col("name")), offset=pl.col("start") - pl.col("w_start"))
+            .group_by("kind", "kernel").agg((pl.col("offset").median() / 1e3).alias("offset_us"))
+            .sort("kind", "offset_us", "kernel"))
+
+
+def dips(prof: pl.DataFrame, offsets: pl.DataFrame, peak_bytes_per_s: float,
+         share: float = DIP_SHARE) -> pl.DataFrame:
+    """Per segment kind, where HBM idles: each run of profile bins whose mean rate is below
+    `share` of the kind's best bin (the plateau its GEMMs reach), with its bounds (us since
+    the segment's start), its lowest bin, its idle-equivalent (its time less its bytes at the
+    peak, the step's idle-equivalent over that stretch) and the kernels whose median start
+    falls in it or in the bin before (under early triggers a GEMM's tail is recorded by the
+    kernel after it), in start order."""
+    schema = {"kind": pl.String, "from_us": pl.Float64, "to_us": pl.Float64, "min_tbs": pl.Float64,
+              "idle_equivalent_us": pl.Float64, "kernels": pl.List(pl.String)}
+    rows = []
+    peak_tbs = peak_bytes_per_s / TB
+    for (kind,), bins in prof.drop_nulls("read_tbs").group_by("kind", maintain_order=True):
+        t, rate = bins["t_us"].to_numpy(), bins["read_tbs"].to_numpy()
+        width = PROFILE_BIN_NS / 1e3
+        low = rate < share * rate.max()
+        # Runs of low bins, a gap in the bins (no instance covered them) ending a run.
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], low.astype(np.int8), [0]])))
+        for a, b in zip(edges[::2], edges[1::2]):
+            if b - a > 1 and np.any(np.diff(t[a:b]) > width * 1.5):
+                continue  # not one stretch: bins missing inside
+            lo, hi = float(t[a]), float(t[b - 1] + width)
+            near = offsets.filter((pl.col("kind") == kind) & (pl.col("offset_us") >= lo - width)
+                                  & (pl.col("offset_us") < hi))
+            rows.append({"kind": kind, "from_us": lo, "to_us": hi, "min_tbs": float(rate[a:b].min()),
+                         "idle_equivalent_us": float(np.sum(np.maximum(peak_tbs - rate[a:b], 0.0)) / peak_tbs * width),
+                         "kernels": near["kernel"].to_list()})
+    return pl.DataFrame(rows, schema=schema)

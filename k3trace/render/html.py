@@ -89,6 +89,13 @@ DRAM_SEGMENT_COLUMNS = [
     Column("time_us", "time (us)", "num", 1, "from the (layer, family)'s first kernel start to the next one's"),
     Column("read_mb", "read (MB)", "num", 1), Column("read_tbs", "read (TB/s)", "num", 2),
 ]
+DRAM_DIP_COLUMNS = [
+    Column("kind", "segment"),
+    Column("from_us", "from (us)", "num", 0, "since the segment's first kernel started"), Column("to_us", "to (us)", "num", 0),
+    Column("min_tbs", "lowest (TB/s)", "num", 2, "the dip's lowest 1-us bin, mean over the segments"),
+    Column("idle_equivalent_us", "idle-equivalent (us)", "num", 1, "the dip's time less its bytes at the peak"),
+    Column("kernels", "kernels starting there", "list", title="by median start, in the dip or the bin before it"),
+]
 
 KERNEL_COLUMNS = [
     Column("name", "kernel", "name"), Column("family", "family"),
@@ -240,6 +247,9 @@ def _dram_section(page: _Page, a: Analysis) -> None:
         body += page.figure(figures.dram_profile(
             d.profile, s["peak_tbs"], "DRAM read by time since the segment's start (1-us bins, mean over the "
                                       "segments; samples smooth it over about 5 us)"))
+        if d.dips.height:
+            body += html_table(d.dips, DRAM_DIP_COLUMNS,
+                               caption="where HBM idles: runs of the profile under 80% of the segment's best bin")
         body += html_table(d.segments, [Column("layer", "layer", "int"), Column("family", "family"),
                                         *DRAM_SEGMENT_COLUMNS[:1], Column("steps", "steps", "int"),
                                         *DRAM_SEGMENT_COLUMNS[2:]],

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from k3trace.analyses import Analysis
+from k3trace.analyses.dram import DIP_KERNELS_SHOWN
 from k3trace.diff.coupling import READ_TOGETHER, REASONS
 from k3trace.errors import printable
 from k3trace.text import layer_text
@@ -147,6 +148,19 @@ def dram_tables(a: Analysis) -> RenderableType | None:
             seg.add_row(_name(r["kind"]), f"{r['per_step']:g}", _us(r["time_us"]), _us(r["read_mb"]),
                         _tbs(r["read_tbs"]))
         parts.append(seg)
+    if d.dips.height:
+        dips = Table(title="Where HBM idles: the segment profile's runs under 80% of its best 1-us bin (mean over "
+                           "the segments; samples smooth it over ~5 us)", box=box.SIMPLE_HEAD, show_edge=False)
+        for col, just in (("segment", "left"), ("from us", "right"), ("to us", "right"), ("lowest TB/s", "right"),
+                          ("idle-eq us", "right"), ("kernels starting there", "left")):
+            dips.add_column(col, justify=just)
+        for r in d.dips.iter_rows(named=True):
+            named = r["kernels"][:DIP_KERNELS_SHOWN]
+            more = len(r["kernels"]) - len(named)
+            dips.add_row(_name(r["kind"]), f"{r['from_us']:g}", f"{r['to_us']:g}", _tbs(r["min_tbs"]),
+                         _us(r["idle_equivalent_us"], 1),
+                         printable(", ".join(named) + (f" +{more}" if more > 0 else "")))
+        parts.append(dips)
     return Group(*parts)
 
 
