@@ -3,7 +3,6 @@ removed the way a lossy profiler drops them, and the step-source fallbacks."""
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -12,21 +11,14 @@ import pytest
 from k3trace.analyses import analyze
 from k3trace.config import load_config
 from k3trace.ingest import load_report
+from report_copies import altered_copy
 
 ALL = ["small_inside_a", "small_inside_b", "small_inside_c", "small_before", "small_delay_kda_step",
        "small_delay_gate", "small_nofork"]
 
 
 def copy_with(trace_sqlite, tmp_path: Path, *sql: str, name: str = "small_inside_a") -> Path:
-    out = tmp_path / f"{name}.sqlite"
-    shutil.copyfile(trace_sqlite(name), out)
-    out.chmod(0o644)
-    con = sqlite3.connect(out)
-    with con:
-        for statement in sql:
-            con.execute(statement)
-    con.close()
-    return out
+    return altered_copy(trace_sqlite(name), tmp_path / f"{name}.sqlite", sql)
 
 
 def run(path: Path):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import shutil
 import sqlite3
 import statistics
 from pathlib import Path
@@ -27,6 +26,7 @@ import polars as pl
 import pytest
 
 import reference  # tests/reference.py
+from report_copies import altered_copy, parquetdir_copy
 from k3trace.analyses.dram_rate import Rate, dram_source
 from k3trace.ingest import load_report
 
@@ -388,15 +388,7 @@ def test_report_without_metrics_is_unchanged(trace_sqlite, analysis):
     assert not any("DRAM" in n for n in a.notes)
 
 
-def damaged_copy(src: Path, dst: Path, sql: list[str]) -> Path:
-    shutil.copyfile(src, dst)
-    dst.chmod(0o644)
-    con = sqlite3.connect(dst)
-    with con:
-        for statement in sql:
-            con.execute(statement)
-    con.close()
-    return dst
+damaged_copy = altered_copy
 
 
 def dram_rowids(path: Path, n: int) -> list[int]:
@@ -498,16 +490,10 @@ def test_filtered_reads_leave_the_other_rows_unread(trace_sqlite, tmp_path):
 
 
 def test_parquetdir_reads_the_same_samples(trace_sqlite, tmp_path):
-    import adbc_driver_sqlite.dbapi as adbc
-
     src = trace_sqlite("dram_probe")
-    out = tmp_path / "probe_pq"
-    out.mkdir()
-    with adbc.connect(f"file:{src}?mode=ro&immutable=1") as con, con.cursor() as cur:
-        for table in ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS",
-                      "META_DATA_EXPORT", "TARGET_INFO_GPU", "GPU_METRICS", "TARGET_INFO_GPU_METRICS"):
-            cur.execute(f"SELECT * FROM {table}")
-            pl.from_arrow(cur.fetch_arrow_table()).write_parquet(out / f"{table}.parquet", row_group_size=2000)
+    out = parquetdir_copy(src, tmp_path / "probe_pq", (
+        "StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "META_DATA_EXPORT",
+        "TARGET_INFO_GPU", "GPU_METRICS", "TARGET_INFO_GPU_METRICS"), row_group_size=2000)
     a, b = load_report(src), load_report(out)
     assert b.form == "parquetdir"
     assert a.gpu_metrics.height > 0 and a.gpu_metrics.equals(b.gpu_metrics) and a.gpus.equals(b.gpus)

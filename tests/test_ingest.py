@@ -104,17 +104,12 @@ def test_compressed_and_plain_read_the_same(trace_sqlite, tmp_path):
 def test_parquetdir_reads_like_sqlite(trace_sqlite, tmp_path):
     # A parquetdir export is one <TABLE>.parquet per table; build one from the SQLite rows
     # (nsys writes the same columns) and check both forms normalise identically.
-    src = trace_sqlite("small_inside_a")
-    out = tmp_path / "run_pq"
-    out.mkdir()
-    import adbc_driver_sqlite.dbapi as adbc
+    from report_copies import parquetdir_copy
 
-    with adbc.connect(f"file:{src}?mode=ro&immutable=1") as con, con.cursor() as cur:
-        for table in ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS",
-                      "CUDA_GRAPH_EVENTS", "META_DATA_EXPORT", "TARGET_INFO_GPU", "TARGET_INFO_CUDA_STREAM",
-                      "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"):
-            cur.execute(f"SELECT * FROM {table}")
-            pl.from_arrow(cur.fetch_arrow_table()).write_parquet(out / f"{table}.parquet")
+    src = trace_sqlite("small_inside_a")
+    out = parquetdir_copy(src, tmp_path / "run_pq", (
+        "StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "CUDA_GRAPH_EVENTS",
+        "META_DATA_EXPORT", "TARGET_INFO_GPU", "TARGET_INFO_CUDA_STREAM", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"))
     a, b = load_report(src), load_report(out)
     assert b.form == "parquetdir"
     for table in schema.TABLES:
