@@ -769,7 +769,7 @@ class K3Decode:
             v_out = s.mla_gated.view(B, NH, -1) if gated else s.mla_o
             # mla_o_proj_ahead: V-up and gate_mul trigger first, so the o_proj launches (and copies
             # its first weight slots, as the Gluon GEMM) while the FMHA's combine still runs.
-            with trigger_first(v.mla_o_proj_ahead):
+            with trigger_first(P.mla_o_proj_ahead(cfg, v)):
                 self._head_bmm(P.V_UP, s.attn_lat, w.w_uv, v_out.transpose(0, 1), gate=s.g if gated else None)
             if not merged and not gated:
                 self._join(gate)
@@ -777,7 +777,7 @@ class K3Decode:
                 self._o_proj(l, s.mla_o.view(B, cfg.mla_out_width), w.o_proj, gate=s.g)
             else:
                 if not gated:
-                    with trigger_first(v.mla_o_proj_ahead):
+                    with trigger_first(P.mla_o_proj_ahead(cfg, v)):
                         self._triton(P.GATE_MUL, gate_mul, s.mla_o.view(B, cfg.mla_out_width), s.g,
                                      s.mla_gated)
                 self._o_proj(l, s.mla_gated, w.o_proj)

@@ -505,6 +505,15 @@ def weights_ahead(cfg: K3Config, v: Variant) -> bool:
     return v.moe_weights_ahead and down_sums(cfg, v) and not v.situ_fused and not gate_up_acts(cfg, v)
 
 
+def mla_o_proj_ahead(cfg: K3Config, v: Variant) -> bool:
+    """mla_o_proj_ahead: at B = 1 the MLA's V-up and gate_mul trigger their dependents before
+    their own wait, so that the o_proj launches (and, as the Gluon GEMM, copies its first weight
+    slots) while the FMHA's combine runs, in the 8 us where c72's HBM idles at 0.2-0.3 TB/s
+    (kernels/README.md, round nineteen). At B = 1 only: B = 8 and 64 must not regress, and
+    nothing has measured them."""
+    return v.mla_o_proj_ahead and cfg.batch == 1
+
+
 def grouped_tuned(cfg: K3Config, v: Variant) -> bool:
     """moe_grouped_tuned: the routed grouped GEMMs take their blocks from moe.GROUPED_CONFIGS
     (picked in the step, kernels/README.md round twelve), not moe_grouped_gemm's defaults,

@@ -167,7 +167,7 @@ class Variant:
     moe_weights_ahead: bool = False  # B = 1, with moe_down_atomic: the routed situ_mul and the latent norm trigger
                                      # before their wait; the grouped GEMMs load their first weight blocks (the
                                      # down GEMM all of K) before theirs, streaming beside the kernels before them
-    mla_o_proj_ahead: bool = False   # the MLA's V-up and gate_mul trigger before their wait, so the o_proj launches
+    mla_o_proj_ahead: bool = False   # B = 1: the MLA's V-up and gate_mul trigger before their wait, so the o_proj launches
                                      # (and, as the Gluon GEMM, copies its first slots) during the FMHA's combine
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
