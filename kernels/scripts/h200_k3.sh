@@ -256,6 +256,9 @@ C80=$C78+pdl_trigger_first@glsub=kda.o_proj,moe.up,kda.qkvg@glcfg=7168x6144:64,1
 # C81: and the MLA o_proj too, launched during the FMHA's combine (V-up and gate_mul trigger first), as the
 # Gluon GEMM with 8 of its 12 slots copied before its wait (GL_CONFIGS' o_proj shape).
 C81=$C78+pdl_trigger_first+mla_o_proj_ahead@glsub=kda.o_proj,moe.up,kda.qkvg,mla.o_proj@glcfg=7168x6144:64,128,4,8,8
+# C82: and the MoE front's rest too (the pre-MLP pair -> front hand-over, part of the KDA segment's
+# 11-us dip), at 4 warps (round nine's 8-warp Gluon front slowed the router GEMV beside it on S2).
+C82=$C78+pdl_trigger_first+mla_o_proj_ahead@glsub=kda.o_proj,moe.up,kda.qkvg,mla.o_proj,moe.front@glcfg=7168x6144:64,128,4,8,8/7168x5120:64,128,4,8,8
 
 case $phase in
 campaign_test)
@@ -801,7 +804,7 @@ campaign61)  # round 19: moe_weights_ahead (the grouped GEMMs' weights before th
     -k "weights_ahead or grouped_gemm or moe_down_atomic" 2>&1 | tee $OUT/gpu61.log | tail -1
   timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "c72_ahead" 2>&1 \
     | tee -a $OUT/gpu61.log | tail -1
-  one="$C78 $C79 $C80 $C81 $C72+pdl_trigger_first"
+  one="$C78 $C79 $C80 $C81 $C82 $C72+pdl_trigger_first"
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 \
     --json $OUT/step61.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
 campaign61_rec)  # round 19: C72 and C78 at full depth with GPU metrics (200 kHz), 20 steps each, 2 runs (carry .nsys)
