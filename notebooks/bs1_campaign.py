@@ -373,7 +373,7 @@ dram_profile(gm.profile.filter(pl.col("kind").is_in(["kda > moe", "moe > kda", "
 # %% [markdown]
 # At full depth (93 layers, 20 steps): the idle-equivalent of each segment (its time less its
 # bytes at the GEMMs' 4.6 TB/s) and the dips it is made of. The prepared builds that load the
-# next GEMM's weights during a dip (C78-C81: `moe_weights_ahead`, `mla_o_proj_ahead`, the Gluon
+# next GEMM's weights during a dip (C78-C82: `moe_weights_ahead`, `mla_o_proj_ahead`, the Gluon
 # GEMMs with early slots) have not run on a GPU yet.
 
 # %%
