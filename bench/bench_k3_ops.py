@@ -1012,6 +1012,7 @@ def _routed_chain(seed: int):
     or (act_out) SiTU in the gate|up epilogue; each call i routed to another draw of 16
     experts (132 MB of weights). Returns (chain(i, atomic, act_out, gu_blocks, down_blocks), draws)."""
     from kernels.k3.ops import moe, norm
+    from kernels.k3.ops.common import trigger_first
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     E, H, I, top_k = 896, 3584, 384, 16
@@ -1034,17 +1035,21 @@ def _routed_chain(seed: int):
     lat, lat_n = torch.empty(1, H, device="cuda", dtype=BF), torch.empty(1, H, device="cuda", dtype=BF)
     acc = torch.zeros(1, H, device="cuda", dtype=torch.float32)
 
-    def chain(i, atomic, act_out, gu_blocks=None, down_blocks=None):
+    def chain(i, atomic, act_out, gu_blocks=None, down_blocks=None, ahead=False):
+        # ahead (variant moe_weights_ahead): situ_mul and the norm trigger first; the blocks
+        # passed are then moe.AHEAD_CONFIGS', each GEMM's first ones loaded before its wait.
         al = aligned[i % n]
         if act_out:
             moe.moe_grouped_gemm(x, w13, *al, h, top_k=top_k, act_out=True, **(gu_blocks or {}))
         else:
             moe.moe_grouped_gemm(x, w13, *al, gu, top_k=top_k, **(gu_blocks or {}))
-            moe.situ_mul(gu, h)
+            with trigger_first(ahead):
+                moe.situ_mul(gu, h)
         if atomic:
             moe.moe_grouped_gemm(h, w2, *al, acc, top_k=top_k, x_is_per_token=False, sum_weights=tw,
                                  **(down_blocks or {}))
-            norm.rmsnorm(acc, gamma, lat_n, clear_input=True)
+            with trigger_first(ahead):
+                norm.rmsnorm(acc, gamma, lat_n, clear_input=True)
         else:
             moe.moe_grouped_gemm(h, w2, *al, y, top_k=top_k, x_is_per_token=False, **(down_blocks or {}))
             moe.moe_weighted_sum(y, tw, lat)
@@ -1095,6 +1100,35 @@ def grouped_tuned(B: int, calls: int) -> dict[str, float]:
                                                                             + str(moe.GROUPED_CONFIGS[(3584, 384)]), tuned)):
                 res[f"{tag}, back to back, {rnd}"] = per_call_us(lambda i, d=down: chain(i, True, False, None, d), calls)
                 res[f"{tag}, one call, {rnd}"] = single_call_us(lambda i, d=down: chain(i, True, False, None, d), n)
+    del chain  # its weights
+    torch.cuda.empty_cache()
+    return res
+
+
+def weights_ahead(B: int, calls: int) -> dict[str, float]:
+    """Variant moe_weights_ahead at one token: c72's routed chain (gate|up -> situ_mul -> the
+    down GEMM's atomic sum -> norm, early triggers, the down GEMM at moe.GROUPED_CONFIGS'
+    blocks) against the same chain with the grouped GEMMs at moe.AHEAD_CONFIGS, their first
+    blocks loaded before their wait, situ_mul and the norm triggering first; each form twice
+    in turn, back to back (each call's gate|up GEMM following the last call's norm) and one
+    call at a time."""
+    from kernels.k3.ops import moe
+    from kernels.k3.ops.common import early_trigger
+
+    if B != 1:
+        return {}
+    chain, n = _routed_chain(47)
+    tuned = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), moe.GROUPED_CONFIGS[(3584, 384)]))
+    ahead = [dict(zip(("block_n", "block_k", "num_warps", "num_stages", "preload"), moe.AHEAD_CONFIGS[shape]))
+             for shape in ((768, 3584), (3584, 384))]
+    forms = (("c72", dict(down_blocks=tuned)),
+             ("moe_weights_ahead", dict(gu_blocks=ahead[0], down_blocks=ahead[1], ahead=True)))
+    res = {}
+    with early_trigger():
+        for rnd in (1, 2):
+            for tag, kw in forms:
+                res[f"{tag}, back to back, {rnd}"] = per_call_us(lambda i, k=kw: chain(i, True, False, **k), calls)
+                res[f"{tag}, one call, {rnd}"] = single_call_us(lambda i, k=kw: chain(i, True, False, **k), n)
     del chain  # its weights
     torch.cuda.empty_cache()
     return res
@@ -1419,6 +1453,7 @@ def main() -> int:
             "mla_q_skinny": lambda: mla_q_chain(B, args.calls),
             "mla_hops": lambda: mla_hops(B, args.calls),
             "moe_grouped_tuned": lambda: grouped_tuned(B, args.calls),
+            "moe_weights_ahead": lambda: weights_ahead(B, args.calls),
             "attn_res_wide": lambda: attn_res_wide(B, args.calls),
             "window_prefetch": lambda: window_prefetch(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}

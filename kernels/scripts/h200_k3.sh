@@ -804,6 +804,7 @@ campaign61)  # round 19: moe_weights_ahead (the grouped GEMMs' weights before th
     -k "weights_ahead or grouped_gemm or moe_down_atomic" 2>&1 | tee $OUT/gpu61.log | tail -1
   timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "c72_ahead" 2>&1 \
     | tee -a $OUT/gpu61.log | tail -1
+  timeout 150 python3 bench/bench_k3_ops.py --batch 1 --cases moe_weights_ahead --json $OUT/ops61_b1.json 2>&1 | grep "  "
   one="$C78 $C79 $C80 $C81 $C82 $C72+pdl_trigger_first"
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 \
     --json $OUT/step61.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
