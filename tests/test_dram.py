@@ -16,6 +16,7 @@ labels against tests/reference.py.
 from __future__ import annotations
 
 import bisect
+import collections
 import json
 import sqlite3
 import statistics
@@ -304,6 +305,50 @@ def test_k3_dips_name_the_transitions(k3):
     assert any({"rmsnorm_kernel", "skinny_mm_kernel#2"} <= n for n in named)         # down -> norm -> up
     assert any({"attn_res_score_kernel", "attn_res_combine_kernel"} <= n for n in named)  # up -> the pair
     assert moe["idle_equivalent_us"].sum() < d.kinds.filter(pl.col("kind") == "moe > kda")["time_us"][0]
+
+
+def test_diff_compares_where_hbm_idled(k3, tmp_path):
+    """k3trace diff, both builds with DRAM metrics: per segment kind the old and new time, bytes
+    and idle-equivalent. The new build here is the same recording with every DRAM read
+    sample doubled (the same kernels, twice the bytes): its bytes are twice the raw rows' over
+    the same windows, its idle-equivalent the window's time less those bytes at the peak. The
+    recording against itself moves nothing; a side without metrics gives no DRAM table."""
+    from k3trace.analyses import analyze
+    from k3trace.config import load_config
+    from k3trace.diff import diff
+
+    path, ref, a = k3
+    doubled = altered_copy(path, tmp_path / "doubled.sqlite", [
+        "UPDATE GPU_METRICS SET value = 2 * value WHERE metricId IN (SELECT metricId FROM TARGET_INFO_GPU_METRICS "
+        f"WHERE metricName = '{READ}')"])
+    b = analyze(load_report(doubled), load_config())
+    d = diff([a], [b]).dram
+    raw = RawSamples(path)
+    us_per_byte = 1e6 / raw.peak
+    spans: dict[str, list] = {}
+    for kind, lo, hi in raw_windows(ref):
+        spans.setdefault(kind, []).append((lo, hi))
+    rows = {r["kind"]: r for r in d.iter_rows(named=True)}
+    assert set(rows) == {"step", *spans}
+    for kind, windows in spans.items():
+        r = rows[kind]
+        time = statistics.median(hi - lo for lo, hi in windows) / 1e3
+        mb = statistics.median(raw.bytes(lo, hi) for lo, hi in windows) / 1e6
+        assert r["time_us_old"] == pytest.approx(time) and r["time_us_new"] == pytest.approx(time)
+        assert r["read_mb_old"] == pytest.approx(mb, rel=1e-9) and r["read_mb_new"] == pytest.approx(2 * mb, rel=1e-9)
+        assert r["idle_us_old"] == pytest.approx(time - mb * 1e6 * us_per_byte, rel=1e-9)
+        assert r["idle_us_new"] == pytest.approx(time - 2 * mb * 1e6 * us_per_byte, rel=1e-9)
+        per_step = statistics.median(collections.Counter(
+            next(s.first for s in ref.stable if s.first <= lo <= s.last) for lo, _ in windows).values())
+        assert r["idle_us_per_step_delta"] == pytest.approx(-mb * 1e6 * us_per_byte * per_step, rel=1e-9)
+    steps = [(s.first, s.last) for s in ref.stable]
+    step_mb = statistics.median(raw.bytes(lo, hi) for lo, hi in steps) / 1e6
+    assert rows["step"]["read_mb_new"] == pytest.approx(2 * rows["step"]["read_mb_old"], rel=1e-9)
+    assert rows["step"]["read_mb_old"] == pytest.approx(step_mb, rel=1e-9)
+    same = diff([a], [a]).dram
+    assert same["idle_us_per_step_delta"].abs().max() == 0
+    hf = analyze(load_report(altered_copy(path, tmp_path / "none.sqlite", ["DELETE FROM GPU_METRICS"])), load_config())
+    assert diff([a], [hf]).dram is None and "dram" not in diff([a], [hf]).to_json()
 
 
 def kernel_offsets_of(a) -> dict[str, float]:

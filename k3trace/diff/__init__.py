@@ -55,6 +55,7 @@ class Diff:
     families: pl.DataFrame          # family, <field>_old, <field>_new
     pre_attention: dict[str, dict[str, float | int] | None]
     pdl_coupled: pl.DataFrame       # group, player, reason, edit, kind, family, layers, contribution_us (coupling.py)
+    dram: pl.DataFrame | None = None  # where every run of both builds has DRAM metrics: _dram's rows
 
     @property
     def verdict(self) -> str:
@@ -239,6 +240,7 @@ class Diff:
             ],
             "pre_attention_window_us": self.pre_attention,
             "read_together": self.read_together(),
+            **({"dram": self.dram.to_dicts()} if self.dram is not None else {}),
         }
 
 
@@ -266,6 +268,43 @@ def _families(old: Sequence[Analysis], new: Sequence[Analysis]) -> pl.DataFrame:
 
     joined = side(old, "old").join(side(new, "new"), on="family", how="full", coalesce=True)
     return joined.fill_null(0.0).sort("device_busy_us_old", descending=True)
+
+
+#: _dram's per-run values: (column, its Analysis.dram source).
+DRAM_FIELDS = ("per_step", "time_us", "read_mb", "idle_us")
+
+
+def _dram(old: Sequence[Analysis], new: Sequence[Analysis]) -> pl.DataFrame | None:
+    """Where HBM idled in each build (docs/metrics.md, "DRAM"), only where every run of both
+    has DRAM metrics: per segment kind its windows per step, median time, bytes read and
+    idle-equivalent (time - bytes/peak), old and new, and that idle-equivalent times the
+    windows per step (`idle_us_per_step`: what the kind adds to the step's); a first row,
+    kind `step`, the step's own (span, bytes, idle-equivalent). Each value is the median over
+    the runs of each run's median."""
+    if not old or not new or any(a.dram is None for a in (*old, *new)):
+        return None
+
+    def run_rows(a: Analysis) -> pl.DataFrame:
+        d = a.dram
+        us_per_mb = 1e12 / d.peak_bytes_per_s  # us a MB takes at the peak
+        s = d.summary()
+        step = pl.DataFrame({"kind": ["step"], "per_step": [1.0], "time_us": [s["span_us"]],
+                             "read_mb": [s["read_gb_per_step"] * 1e3], "idle_us": [s["idle_equivalent_us"]]})
+        kinds = d.kinds.select("kind", pl.col("per_step").cast(pl.Float64), "time_us", "read_mb",
+                               (pl.col("time_us") - pl.col("read_mb") * us_per_mb).alias("idle_us"))
+        return pl.concat([step, kinds])
+
+    def side(runs: Sequence[Analysis], suffix: str) -> pl.DataFrame:
+        rows = pl.concat([run_rows(a) for a in runs])
+        return rows.group_by("kind", maintain_order=True).agg(
+            pl.col(f).median().alias(f"{f}_{suffix}") for f in DRAM_FIELDS)
+
+    joined = side(old, "old").join(side(new, "new"), on="kind", how="full", coalesce=True, maintain_order="left")
+    per_step = {sfx: pl.col(f"idle_us_{sfx}") * pl.col(f"per_step_{sfx}") for sfx in ("old", "new")}
+    return joined.with_columns(
+        per_step["old"].alias("idle_us_per_step_old"), per_step["new"].alias("idle_us_per_step_new"),
+        (per_step["new"].fill_null(0.0) - per_step["old"].fill_null(0.0)).alias("idle_us_per_step_delta"),
+    ).sort(pl.col("kind") != "step", "kind")
 
 
 def _table(attr: Attribution, span_delta_us: float) -> pl.DataFrame:
@@ -327,6 +366,7 @@ def diff(old: Sequence[Analysis], new: Sequence[Analysis], *, seed: int = 0) -> 
         pre_attention={"old": _representative(old).pre_attention_summary,
                        "new": _representative(new).pre_attention_summary},
         pdl_coupled=coupled,
+        dram=_dram(old, new),
     )
 
 

@@ -351,6 +351,20 @@ def diff_page(d) -> str:
                             latency=f in ("device_busy_us", "exposed_us", "critical_us"))]
     page.add("families", "Families, old vs new",
              _lead("Per family, median over stable steps (us per step).") + html_table(fam, fam_cols))
+    if d.dram is not None:
+        dram_cols = [Column("kind", "segment")]
+        for f, label, digits in (("per_step", "per step", 0), ("time_us", "time (us)", 1), ("read_mb", "read (MB)", 1),
+                                 ("idle_us", "idle-equivalent (us)", 1),
+                                 ("idle_us_per_step", "idle-equivalent x per step (us)", 1)):
+            dram_cols += [Column(f"{f}_old", "old", "num", digits, group=label),
+                          Column(f"{f}_new", "new", "num", digits, group=label)]
+        dram_cols.append(Column("idle_us_per_step_delta", "change", "signed", 1, latency=True,
+                                title="the segment kind's idle-equivalent per step, new - old"))
+        page.add("dram", "DRAM, old vs new",
+                 _lead("From both builds' GPU metrics: per segment kind (the step first) its median time, DRAM bytes "
+                       "read and HBM idle-equivalent (time - bytes/peak); times the segments per step, what the "
+                       "kind adds to the step's idle-equivalent (docs/metrics.md, \"DRAM\").")
+                 + html_table(d.dram, dram_cols))
     pre = sides.pre_attention_by_layer(old, new)
     if pre.is_empty():
         page.add("pre-attention", "Pre-attention window per layer",

@@ -255,9 +255,31 @@ def diff_families(d) -> RenderableType:
     return t
 
 
+def diff_dram(d) -> RenderableType | None:
+    """Where HBM idled in each build, by segment kind (only where both have DRAM metrics)."""
+    if d.dram is None:
+        return None
+    t = Table(title="DRAM (GPU metrics), old -> new: time, bytes read and HBM idle-equivalent (time - bytes/peak) "
+                    "per segment (median, us), and that idle times the segments per step", box=box.SIMPLE_HEAD,
+              show_edge=False)
+    for col, just in (("segment", "left"), ("per step", "right"), ("time us", "right"), ("read MB", "right"),
+                      ("idle-eq us", "right"), ("idle-eq us per step", "right"), ("change", "right")):
+        t.add_column(col, justify=just)
+
+    def pair(r, f, fmt):
+        return " -> ".join("-" if r[f"{f}_{s}"] is None else format(r[f"{f}_{s}"], fmt) for s in ("old", "new"))
+
+    for r in d.dram.iter_rows(named=True):
+        t.add_row(_name(r["kind"]), pair(r, "per_step", "g"), pair(r, "time_us", ",.1f"), pair(r, "read_mb", ",.1f"),
+                  pair(r, "idle_us", ",.1f"), pair(r, "idle_us_per_step", ",.1f"), _signed(r["idle_us_per_step_delta"]))
+    return t
+
+
 def render_diff(d) -> RenderableType:
     together = read_together_table(d)
-    return Group(diff_header(d), attribution_table(d), *([together] if together else []), diff_families(d))
+    dram = diff_dram(d)
+    return Group(diff_header(d), attribution_table(d), *([together] if together else []), diff_families(d),
+                 *([dram] if dram is not None else []))
 
 
 def diff_markdown(d, top: int = 10) -> str:
