@@ -769,7 +769,7 @@ def whatif_cmd(
 
 def demo_pages(folder: Path) -> dict[str, tuple[Path, str]]:
     """The demo's HTML pages in `folder` (checked before any work), each with its index line."""
-    from k3trace.demo import DEMO_PAIR, PDL_PAIR, THIRD_PARTY_PAIR
+    from k3trace.demo import DEMO_PAIR, DRAM_TRACE, PDL_PAIR, THIRD_PARTY_PAIR
 
     if folder.exists() and not folder.is_dir():
         raise ReportError(f"--html {folder.name} is a file", "pass a folder for the demo's HTML pages")
@@ -789,19 +789,21 @@ def demo_pages(folder: Path) -> dict[str, tuple[Path, str]]:
                                                           "single-stream"),
         "analyze_new": (folder / f"analyze-{k_new}.html", f"analyze {k_new}: the K3 decode step with the "
                                                           "aux-stream forks"),
+        "dram": (folder / f"analyze-{DRAM_TRACE}.html", f"analyze {DRAM_TRACE}: the campaign build c72 with nsys's "
+                                                        "DRAM metrics (where HBM idles)"),
     }
 
 
 @app.command("demo")
 def demo_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Also write the HTML reports into this folder "
-                                        "(created if missing): both K3 traces analysed, the three diffs, an index."),
+                                        "(created if missing): the K3 traces analysed, the three diffs, an index."),
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
     width: Optional[int] = Width,
 ) -> None:
     """Analyze and diff the real H200 traces bundled with k3trace."""
-    from k3trace.demo import DEMO_PAIR, PDL_PAIR, THIRD_PARTY_PAIR, bundled_trace
+    from k3trace.demo import DEMO_PAIR, DRAM_TRACE, PDL_PAIR, THIRD_PARTY_PAIR, bundled_trace
 
     with one_line_errors():
         pages = demo_pages(html) if html is not None else {}
@@ -822,6 +824,9 @@ def demo_cmd(
         pdl_old, pdl_new = (bundled_trace(name) for name in PDL_PAIR)
         out.rule(f"k3trace diff {pdl_old.name} {pdl_new.name} (K3: PDL triggers right after each wait)")
         run_diff(DiffOptions((pdl_old,), (pdl_new,), "terminal", page.get("pdl"), None, cfg, env, width))
+        dram = bundled_trace(DRAM_TRACE)
+        out.rule(f"k3trace analyze {dram.name} (K3 c72 with nsys's DRAM metrics: where HBM idles)")
+        run_analyze(AnalyzeOptions(dram, False, cfg, env, page.get("dram"), width))
         if html is not None:
             from k3trace.render.html import write_analysis_page, write_index_page
 

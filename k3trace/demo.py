@@ -1,5 +1,5 @@
 """The traces bundled with k3trace (k3trace/data): scrubbed SQLite exports recorded on an
-H200 from kernels/, xz-compressed. `k3trace demo` analyses one and diffs three pairs of them."""
+H200 from kernels/, xz-compressed. `k3trace demo` analyses two and diffs three pairs of them."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ THIRD_PARTY_PAIR = ("hf_base_a", "hf_norm_fused_a")
 #: trigger moved from after its last store to right after its wait: recorded time trades
 #: between PDL neighbours, and the diff names the rows to read together.
 PDL_PAIR = ("k3_bs1_c6", "k3_bs1_c7")
+#: The campaign build c72 (8 layers, B=1) recorded with nsys's DRAM metrics beside the trace
+#: (`k3trace record --gpu-metrics`): where HBM streams and where it idles in the step.
+DRAM_TRACE = "k3_bs1_c72_gm"
 
 
 def bundled_trace(name: str) -> Path:

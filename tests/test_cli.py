@@ -108,6 +108,7 @@ def test_demo_runs_on_bundled_traces(cache_dir):
     assert "FASTER" in result.stdout and "gemv_kernel" in result.stdout
     assert "vectorized_layer_norm_kernel" in result.stdout  # the third-party fusion pair
     assert "read together" in result.stdout  # the early-trigger pair's traded rows
+    assert "Where HBM idles" in result.stdout and "rmsnorm_kernel" in result.stdout  # c72's DRAM metrics
 
 
 def test_whatif_json_and_bad_changes(trace_sqlite, cache_dir):
@@ -261,7 +262,7 @@ def test_demo_html_writes_every_page(tmp_path):
     written = [line.rsplit(" ", 1)[1] for line in done.stderr.strip().splitlines()]
     assert all(line.startswith("k3trace: wrote HTML") for line in done.stderr.strip().splitlines())
     assert sorted(Path(p).name for p in written) == sorted(p.name for p in (tmp_path / "pages").iterdir())
-    assert len(written) == 6 and "pages/index.html" in written
+    assert len(written) == 7 and "pages/index.html" in written
     index = (tmp_path / "pages" / "index.html").read_text()
     assert all(f"href='{Path(p).name}'" in index for p in written if not p.endswith("index.html"))
 
