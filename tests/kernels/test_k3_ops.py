@@ -1275,8 +1275,10 @@ TY = {BF: "bf16", F32: "fp32", I32: "i32", torch.int64: "i64", torch.uint8: "u8"
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 seen, bad = set(), []
 # Each kernel in both trigger modes: after the last store (1) and right after the wait (2,
-# variant pdl_early_trigger); those variant pdl_trigger_first launches also before the wait (3).
-FIRST = {"attn_res_score_kernel", "attn_res_combine_kernel", "moe_weighted_sum_kernel", "rmsnorm_kernel"}
+# variant pdl_early_trigger); those variant pdl_trigger_first and the ahead variants launch
+# also before the wait (3).
+FIRST = {"attn_res_score_kernel", "attn_res_combine_kernel", "moe_weighted_sum_kernel", "rmsnorm_kernel",
+         "situ_mul_kernel", "head_bmm_kernel", "gate_mul_kernel"}  # moe_weights_ahead, mla_o_proj_ahead
 for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2, 3)
                                    if m < 3 or c[0].__name__ in FIRST]:
     meta = {k: v for k, v in meta.items() if k != "launch_pdl"}
