@@ -12,6 +12,11 @@ shapes only. Each (kernel, sub-op, specialization) is compiled once; `cuobjdump 
 on the cubin gives what the compiled kernel uses.
 
     python3 bench/compile_audit.py [--variant BUILD] [--batch 1] [--layers 4] [--json OUT]
+    python3 bench/compile_audit.py --variant 'BUILD@glsub=kda.o_proj,moe.up@glcfg=...'   # bench_k3_step's overrides
+
+The H200 runs Triton 3.6; the Gluon kernels need its `gl.thread_barrier` (gone in 3.7), so audit
+under 3.6 where this machine's Triton is newer: `pip install --target DIR triton==3.6.0` and
+`PYTHONPATH=DIR python3 bench/compile_audit.py ...`.
 
 Runs without TRITON_INTERPRET (it re-executes itself without it) and needs Triton's bundled
 cuobjdump. The occupancy is an estimate from the H200's per-SM limits (65,536 registers in
@@ -183,7 +188,8 @@ def audit(variant: str, batch: int, layers: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variant", default="baseline", help="a K3 build (variant flags joined by +)")
+    p.add_argument("--variant", default="baseline",
+                   help="a K3 build (variant flags joined by +), with bench_k3_step.py's @key=value overrides")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--layers", type=int, default=4, help="4: a dense, KDA, MLA and MoE layers each")
     p.add_argument("--json", type=Path)
@@ -194,12 +200,18 @@ def main(argv: list[str] | None = None) -> int:
                               env=env, cwd=ROOT).returncode
     from kernels.k3.variants import parse
 
+    # BUILD@glsub=...@glcfg=...: the step bench's overrides, so a build audits as it is timed.
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_k3_step import overrides, parse_build
+
+    build, spec = parse_build(args.variant)
     try:
-        parse(args.variant)
+        parse(build)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = audit(args.variant, args.batch, args.layers)
+    with overrides(spec, ""):
+        rows = audit(build, args.batch, args.layers)
     import polars as pl
 
     pl.Config.set_tbl_rows(100)
