@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import sys
+from types import SimpleNamespace
 
 import torch
 
@@ -293,33 +294,72 @@ def mla_fmha(B: int, calls: int) -> dict[str, float]:
     return res
 
 
-def kda_conv(B: int, calls: int) -> dict[str, float]:
-    """The KDA conv + SiLU, then the delta-rule step (fused norm), against kda_conv_fused's
-    one launch; per-layer recurrent states rotated past the L2."""
+def _kda_case(B: int) -> SimpleNamespace:
+    """One KDA layer's step inputs at the K3 shapes; per-layer recurrent states and conv
+    windows rotated past the L2."""
     from kernels.k3.config import K3Config
-    from kernels.k3.ops.kda import kda_conv_silu, kda_step
 
     cfg = K3Config(batch=B)
     NH, D, C = cfg.kda_heads, cfg.kda_head_dim, cfg.conv_channels
     g = torch.Generator(device="cuda").manual_seed(6)
     r = lambda *shape, dt=BF, s=1.0: torch.randn(*shape, device="cuda", dtype=dt, generator=g) * s  # noqa: E731
     copies = _copies(B * NH * D * D * 4)
-    states = [r(B, NH, D, D, dt=F32, s=0.1) for _ in range(copies)]
-    windows = [r(B, 3, C) for _ in range(copies)]
-    qkvg, conv_w, conv_out = r(B, C + NH * D), r(C, 4, s=0.5), torch.empty(B, C, device="cuda", dtype=BF)
-    fab, fb, A_log, dt_bias = r(B, cfg.fab_width), r(B, NH * D), r(NH, dt=F32, s=0.5), r(NH * D, dt=F32, s=0.5)
-    slot, norm_w, out = torch.arange(B, device="cuda", dtype=I32), r(D), torch.empty(B, NH * D, device="cuda", dtype=BF)
-    gate = qkvg[:, C:]
+    qkvg = r(B, C + NH * D)
+    return SimpleNamespace(
+        NH=NH, D=D, copies=copies, states=[r(B, NH, D, D, dt=F32, s=0.1) for _ in range(copies)],
+        windows=[r(B, 3, C) for _ in range(copies)], qkvg=qkvg, conv_w=r(C, 4, s=0.5),
+        conv_out=torch.empty(B, C, device="cuda", dtype=BF), fab=r(B, cfg.fab_width), fb=r(B, NH * D),
+        A_log=r(NH, dt=F32, s=0.5), dt_bias=r(NH * D, dt=F32, s=0.5), slot=torch.arange(B, device="cuda", dtype=I32),
+        norm_w=r(D), out=torch.empty(B, NH * D, device="cuda", dtype=BF), gate=qkvg[:, C:])
+
+
+def kda_conv(B: int, calls: int) -> dict[str, float]:
+    """The KDA conv + SiLU, then the delta-rule step (fused norm), against kda_conv_fused's
+    one launch."""
+    from kernels.k3.ops.kda import kda_conv_silu, kda_step
+
+    k = _kda_case(B)
 
     def pair(i):
-        kda_conv_silu(qkvg, windows[i % copies], conv_w, slot, conv_out)
-        kda_step(conv_out, fab, fb, A_log, dt_bias, gate, states[i % copies], slot, norm_w, out)
+        kda_conv_silu(k.qkvg, k.windows[i % k.copies], k.conv_w, k.slot, k.conv_out)
+        kda_step(k.conv_out, k.fab, k.fb, k.A_log, k.dt_bias, k.gate, k.states[i % k.copies], k.slot, k.norm_w, k.out)
 
     def fused(i):
-        kda_step(qkvg, fab, fb, A_log, dt_bias, gate, states[i % copies], slot, norm_w, out,
-                 conv=(windows[i % copies], conv_w))
+        kda_step(k.qkvg, k.fab, k.fb, k.A_log, k.dt_bias, k.gate, k.states[i % k.copies], k.slot, k.norm_w, k.out,
+                 conv=(k.windows[i % k.copies], k.conv_w))
 
     return {"conv -> kda_step": per_call_us(pair, calls), "kda_conv_fused": per_call_us(fused, calls)}
+
+
+def kda_split(B: int, calls: int) -> dict[str, float]:
+    """c72's KDA step (the conv inside, one program per head) against kda_split_v's (four per
+    head, a barrier for the norm), and the V-split step with its separate norm kernel
+    (kda_norm_separate's pair, the conv inside neither: its own launch in both) beside the
+    fused step it replaced; back to back and one call at a time."""
+    from kernels.k3.ops.kda import SplitScratch, kda_conv_silu, kda_gated_rmsnorm, kda_step
+
+    k = _kda_case(B)
+    split = SplitScratch.allocate(B, k.NH, k.D, "cuda")
+    o = torch.empty(B, k.NH * k.D, device="cuda", dtype=F32)
+
+    def step(i, **kw):
+        kda_step(k.qkvg, k.fab, k.fb, k.A_log, k.dt_bias, k.gate, k.states[i % k.copies], k.slot, k.norm_w, k.out,
+                 conv=(k.windows[i % k.copies], k.conv_w), **kw)
+
+    def conv_then(i, **kw):
+        kda_conv_silu(k.qkvg, k.windows[i % k.copies], k.conv_w, k.slot, k.conv_out)
+        kda_step(k.conv_out, k.fab, k.fb, k.A_log, k.dt_bias, k.gate, k.states[i % k.copies], k.slot, k.norm_w,
+                 k.out, **kw)
+
+    def separate(i):
+        conv_then(i, fuse_norm=False, o_scratch=o)
+        kda_gated_rmsnorm(o, k.gate, k.norm_w, k.out)
+
+    forms = {"kda_conv_fused": step, "kda_conv_fused+kda_split_v": lambda i: step(i, split=split),
+             "conv -> kda_step": conv_then, "conv -> kda_step (split) -> norm": separate}
+    res = {name: per_call_us(fn, calls) for name, fn in forms.items()}
+    res.update({f"{name}, one call": single_call_us(fn, k.copies) for name, fn in forms.items()})
+    return res
 
 
 def mla_proj(B: int, calls: int) -> dict[str, float]:
@@ -1385,6 +1425,7 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "router_align_fused": (92, "router -> align", "router_align_fused"),
            "mlp_residual_folded": (92, "add3 -> score", "mlp_residual_folded"),
            "kda_conv_fused": (69, "conv -> kda_step", "kda_conv_fused"),
+           "kda_split_v": (69, "kda_conv_fused, one call", "kda_conv_fused+kda_split_v, one call"),
            "moe_sum_norm_fused": (92, "weighted sum -> norm -> up", "moe_sum_norm_fused"),
            "mla_proj_merged": (24, "q_a, kv_a, g_proj", "mla_proj_merged"),
            "router_in_front": (92, "c20 head", "router_in_front (64, 128, 4, 4) x(8, 2) (default)"),
@@ -1414,7 +1455,8 @@ CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fu
            "fmha_one_tile": "mla_round", "fmha_early_kv": "mla_round", "mla_head_bmm (absorb)": "mla_round",
            "mla_head_bmm (V-up)": "mla_round", "mla_gate_in_v": "mla_round",
            "mla_absorb_concat": "mla_hops", "mla_kv_norm_insert": "mla_hops",
-           "mla_absorb_concat+mla_kv_norm_insert": "mla_hops", "mla_gate_in_o_proj": "mla_hops"}
+           "mla_absorb_concat+mla_kv_norm_insert": "mla_hops", "mla_gate_in_o_proj": "mla_hops",
+           "kda_split_v": "kda_split"}
 
 
 def main() -> int:
@@ -1441,6 +1483,7 @@ def main() -> int:
             "attn_res_fused": lambda: attn_res(B, 50, 8), "attn_res_fused, 2 rows": lambda: attn_res(B, 50, 2),
             "attn_res_rows": lambda: attn_res_rows(B, 50), "moe_tail_fused": lambda: moe_tail(B, args.calls),
             "kda_conv_fused": lambda: kda_conv(B, args.calls), "mla_proj_merged": lambda: mla_proj(B, args.calls),
+            "kda_split": lambda: kda_split(B, args.calls),
             "router_in_front": lambda: front_router(B, args.calls),
             "attn_res_in_o_proj": lambda: o_proj_score(B, args.calls),
             "linear_tma": lambda: linear_tma(B, args.calls), "moe_down_mixed": lambda: moe_down(B, args.calls),

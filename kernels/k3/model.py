@@ -47,7 +47,7 @@ from kernels.k3.ops.attn_res import (
     residual_add,
 )
 from kernels.k3.ops.common import early_trigger, pdl_off, prefetch_lines, trigger_first
-from kernels.k3.ops.kda import kda_conv_silu, kda_gated_rmsnorm, kda_step
+from kernels.k3.ops.kda import SplitScratch, kda_conv_silu, kda_gated_rmsnorm, kda_step
 from kernels.k3.ops.mla import (FMHA_BLOCK_N, gate_mul, head_bmm, mla_cache_insert, mla_decode_combine,
                                   mla_decode_fmha, mla_kv_norm_insert, mla_q_concat)
 from kernels.k3.ops.moe import (
@@ -177,6 +177,7 @@ class Scratch:
         self.conv_out = e(B, cfg.conv_channels)
         self.kda_o = e(B, cfg.kda_width)         # unnormalised o (kda_norm_separate)
         self.kda_out = e(B, cfg.kda_width)
+        self.kda_split = SplitScratch.allocate(B, cfg.kda_heads, cfg.kda_head_dim, device)  # kda_split_v
         # MLA
         NH = cfg.mla_heads
         self.q_a = e(B, cfg.q_lora)
@@ -697,7 +698,8 @@ class K3Decode:
             self._triton(P.KDA_STEP, kda_step, s.qkvg if conv_fused else s.conv_out, s.fab, s.fb,
                          w.A_log, w.dt_bias, gate_in, w.state, self.slot_idx, w.norm_w, s.kda_out,
                          fuse_norm=fused, o_scratch=None if fused else s.kda_o, eps=cfg.norm_eps,
-                         conv=(w.conv_state, w.conv_w) if conv_fused else None)
+                         conv=(w.conv_state, w.conv_w) if conv_fused else None,
+                         split=s.kda_split if P.kda_splits_v(cfg, v) else None)
             if not fused:
                 self._triton(P.KDA_NORM, kda_gated_rmsnorm, s.kda_o, gate_in, w.norm_w,
                              s.kda_out, eps=cfg.norm_eps)

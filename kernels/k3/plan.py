@@ -314,9 +314,20 @@ def kda_items(cfg: K3Config, v: Variant) -> list[Item]:
 
 def kda_conv_fuses(cfg: K3Config, v: Variant) -> bool:
     """kda_conv_fused: the Triton kda_step runs the short conv + SiLU of its head's q, k, v
-    channels itself, one program per head (the fused norm's grid: with V split, no program
-    could shift the q and k window rows in place). The CuTe DSL step keeps the conv launch."""
+    channels itself on the fused norm's grid: one program per head, or with kda_split_v four,
+    the first of which shifts the q and k window rows only after the head's barrier (every one
+    of them reads those rows). The CuTe DSL step keeps the conv launch."""
     return v.kda_conv_fused and not v.kda_cute and v.kda_norm_fused
+
+
+def kda_splits_v(cfg: K3Config, v: Variant) -> bool:
+    """kda_split_v: at B = 1 the Triton kda_step (fused norm, conv fused or not) runs a
+    quarter of V per program, 48 programs, a head's four meeting at a barrier (they must be
+    resident together: at B = 1 all 48 are). In the bundled k3_bs1_base_a and
+    k3_bs1_kda_norm_separate recordings (H200, medians over stable steps) the V-split step
+    took 3.33 us against the fused step's 5.97; the barrier replaces the separate norm's
+    launch and hop (1.31 us and more)."""
+    return v.kda_split_v and cfg.batch == 1 and v.kda_norm_fused and not v.kda_cute
 
 
 def mla_proj_merges(cfg: K3Config, v: Variant) -> bool:

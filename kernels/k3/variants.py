@@ -74,6 +74,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "prefetch_lines": ("prefetch_lines", True),  # with prefetch:<MB>: one prefetch.global.L2 per line, not bulk
     "moe_weights_ahead": ("moe_weights_ahead", True),  # B = 1: the grouped GEMMs load weights before their wait
     "mla_o_proj_ahead": ("mla_o_proj_ahead", True),  # V-up and gate_mul trigger first: the o_proj launches early
+    "kda_split_v": ("kda_split_v", True),  # B = 1: kda_step over V quarters, the fused norm across a barrier
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -169,6 +170,8 @@ class Variant:
                                      # down GEMM all of K) before theirs, streaming beside the kernels before them
     mla_o_proj_ahead: bool = False   # B = 1: the MLA's V-up and gate_mul trigger before their wait, so the o_proj launches
                                      # (and, as the Gluon GEMM, copies its first slots) during the FMHA's combine
+    kda_split_v: bool = False        # B = 1, with the fused norm: kda_step's programs take a quarter of V each (48, not
+                                     # 12), the head's four meet at a barrier for the norm's sum of squares
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

@@ -259,6 +259,11 @@ C81=$C78+pdl_trigger_first+mla_o_proj_ahead@glsub=kda.o_proj,moe.up,kda.qkvg,mla
 # C82: and the MoE front's rest too (the pre-MLP pair -> front hand-over, part of the KDA segment's
 # 11-us dip), at 4 warps (round nine's 8-warp Gluon front slowed the router GEMV beside it on S2).
 C82=$C78+pdl_trigger_first+mla_o_proj_ahead@glsub=kda.o_proj,moe.up,kda.qkvg,mla.o_proj,moe.front@glcfg=7168x6144:64,128,4,8,8/7168x5120:64,128,4,8,8
+# round 20 (on C72): kda_step is 11 us of every KDA layer's path, its one program per head 255 registers at
+# 8 warps; the V-split step ran 3.33 us against the fused 5.97 in the bundled recordings. kda_split_v: four
+# programs per head, a barrier of the four for the norm's sum of squares (C83); with round 19's C81 (C84).
+C83=$C72+kda_split_v
+C84=$C78+pdl_trigger_first+mla_o_proj_ahead+kda_split_v@glsub=kda.o_proj,moe.up,kda.qkvg,mla.o_proj@glcfg=7168x6144:64,128,4,8,8
 
 case $phase in
 campaign_test)
@@ -808,6 +813,16 @@ campaign61)  # round 19: moe_weights_ahead (the grouped GEMMs' weights before th
   one="$C78 $C79 $C80 $C81 $C82 $C72+pdl_trigger_first"
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $one $C72 $one $C72 \
     --json $OUT/step61.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign62)  # round 20: kda_split_v (kda_step over V quarters, the norm across the head's barrier): its op and
+  # model GPU tests, the standalone case (c72's step against the split one, one call and back to back), then
+  # C72 / C83 (and C84, on round 19's C81) unprofiled, 2 rounds
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py \
+    -k "split_v or kda_step or kda_conv or sm90_compile" 2>&1 | tee $OUT/gpu62.log | tail -1
+  timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py -k "c72_split" 2>&1 \
+    | tee -a $OUT/gpu62.log | tail -1
+  timeout 120 python3 bench/bench_k3_ops.py --batch 1 --cases kda_split --json $OUT/ops62_b1.json 2>&1 | grep "  "
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C83 $C84 $C72 $C83 $C84 $C72 \
+    --json $OUT/step62.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
 campaign61_rec)  # round 19: C72 and C78 at full depth with GPU metrics (200 kHz), 20 steps each, 2 runs (carry .nsys)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

@@ -102,6 +102,8 @@ MLA_COPIES = "mla_absorb_concat+mla_kv_norm_insert"
 MLA_HOPS = f"{MLA_COPIES}+mla_gate_in_o_proj"
 #: Round nineteen: the campaign build c72 with the grouped GEMMs' weights loaded before their wait.
 C72_AHEAD = f"{C69}+{MLA_COPIES}+moe_weights_ahead+mla_o_proj_ahead"
+#: Round twenty: c72 with kda_step over V quarters, the norm across a barrier of the head's programs.
+C72_SPLIT = f"{C69}+{MLA_COPIES}+kda_split_v"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -453,6 +455,31 @@ def test_kda_norm_separate_within_tolerance():
         check_near(cfg, base_model, K3Decode(cfg, parse("kda_norm_separate"), "cpu"), base)
 
 
+@cpu
+@pytest.mark.parametrize("conv", ["", "kda_conv_fused+"])
+def test_kda_split_v_near_and_state_exact(conv):
+    """kda_split_v at B = 1: the first KDA layer's recurrent state and conv window are those
+    of the V-split step with its separate norm (kda_norm_separate, conv kernel separate), bit
+    for bit; the output within the norm's tolerance; the whole step near the baseline. At
+    B = 2 the variant does nothing: bit for bit the build without it."""
+    one = tiny_config(batch=1, num_layers=1).with_(kda_head_dim=128)  # four programs a head
+    a, b = (K3Decode(one, parse(n), "cpu") for n in ("kda_norm_separate", conv + "kda_split_v"))
+    a.step()
+    b.step()
+    assert 0 < rel_err(b.s.kda_out, a.s.kda_out) < NORM_SEPARATE_KERNEL_TOL
+    assert torch.equal(a.layers[1].attn.state, b.layers[1].attn.state)
+    assert torch.equal(a.layers[1].attn.conv_state, b.layers[1].attn.conv_state)
+    cfg = TINY_BLOCKS.with_(batch=1)
+    base_model = K3Decode(cfg, parse("baseline"), "cpu")
+    check_near(cfg, base_model, K3Decode(cfg, parse(conv + "kda_split_v"), "cpu"), run_steps(base_model, 1),
+               must_differ=False)
+    two = tiny_config(batch=2, num_layers=1)
+    a, b = (K3Decode(two, parse(n), "cpu") for n in (conv.rstrip("+") or "baseline", conv + "kda_split_v"))
+    a.step()
+    b.step()
+    assert torch.equal(a.s.kda_out, b.s.kda_out) and torch.equal(a.layers[1].attn.state, b.layers[1].attn.state)
+
+
 # ---- (b) GPU, real shapes -----------------------------------------------------------------
 def gpu_config(batch: int) -> K3Config:
     # Layers 1..5: dense+KDA, KDA, KDA, MLA, KDA; block size 4 so layer 5 opens a block;
@@ -559,7 +586,7 @@ def test_gpu_side_priority_raises_the_side_streams():
                                   "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
                                   SITU_GATE_UP, SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"),
                                   pytest.param(C68, id="c68"), pytest.param(C69, id="c69"),
-                                  pytest.param(C72_AHEAD, id="c72_ahead")])
+                                  pytest.param(C72_AHEAD, id="c72_ahead"), pytest.param(C72_SPLIT, id="c72_split")])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -583,7 +610,8 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
                                   SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"), pytest.param(C68, id="c68"),
-                                  pytest.param(C69, id="c69"), pytest.param(C72_AHEAD, id="c72_ahead")])
+                                  pytest.param(C69, id="c69"), pytest.param(C72_AHEAD, id="c72_ahead"),
+                                  pytest.param(C72_SPLIT, id="c72_split")])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()

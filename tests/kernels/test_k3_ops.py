@@ -1117,6 +1117,51 @@ def test_kda_conv_fused_is_the_pair(NH, D):
                      conv=(cs_fused, conv_w))
 
 
+@pytest.mark.parametrize("NH,D", [(2, 32), (3, 128)])
+@pytest.mark.parametrize("with_conv", [False, True])
+def test_kda_split_v_is_the_split_step(NH, D, with_conv):
+    """Variant kda_split_v: the fused norm on the V-split grid. The recurrent state is the
+    unfused V-split step's bit for bit (and so, with the conv inside, the conv window is the
+    conv kernel's); out is the gated RMSNorm of that step's fp32 o with the head's sum of
+    squares taken as its four 32-row partials in order (fp32, within 1 bf16 ulp), and within
+    the fused step's tolerance of the float64 reference."""
+    B, slots = 3, 5
+    qkvg, conv_state, conv_w, slot_idx, fab, fb, A_log, dt_bias, state, norm_w = _kda_inputs(B, NH, D, slots, 9)
+    g_out = qkvg[:, 3 * NH * D:]
+    cs_pair, cs_split = conv_state.clone(), conv_state.clone()
+    conv_out = torch.empty(B, 3 * NH * D, device=DEV, dtype=BF)
+    kda.kda_conv_silu(qkvg, cs_pair, conv_w, slot_idx, conv_out)
+    ref_out, ref_state = R.ref_kda_step(conv_out, fab, fb, A_log, dt_bias, g_out, state, slot_idx, norm_w)
+
+    st_pair, st_split = state.clone(), state.clone()
+    o = torch.empty(B, NH * D, device=DEV, dtype=F32)
+    kda.kda_step(conv_out, fab, fb, A_log, dt_bias, g_out, st_pair, slot_idx, norm_w,
+                 torch.empty(B, NH * D, device=DEV, dtype=BF), fuse_norm=False, o_scratch=o)
+    split = kda.SplitScratch.allocate(B, NH, D, DEV)
+    out = torch.empty(B, NH * D, device=DEV, dtype=BF)
+    if with_conv:
+        kda.kda_step(qkvg, fab, fb, A_log, dt_bias, g_out, st_split, slot_idx, norm_w, out,
+                     conv=(cs_split, conv_w), split=split)
+        assert torch.equal(cs_split, cs_pair)
+    else:
+        kda.kda_step(conv_out, fab, fb, A_log, dt_bias, g_out, st_split, slot_idx, norm_w, out, split=split)
+        assert torch.equal(cs_split, conv_state)
+    assert torch.equal(st_split, st_pair) and not torch.equal(st_split, state)
+
+    heads = o.view(B, NH, D // min(32, D), min(32, D))
+    sumsq = torch.zeros(B, NH, device=DEV, dtype=F32)
+    for part in range(heads.shape[2]):  # the programs' partials, added in program order
+        sumsq = sumsq + (heads[:, :, part] ** 2).sum(-1)
+    expect = (o.view(B, NH, D) * torch.rsqrt(sumsq / D + kda.EPS)[..., None] * norm_w.float()
+              * torch.sigmoid(g_out.float()).view(B, NH, D)).view(B, NH * D)
+    close(out, expect.to(BF), atol=1e-2, rtol=1e-2)
+    close(out, ref_out)
+    close(st_split, ref_state, atol=1e-5, rtol=1e-5)
+    with pytest.raises(AssertionError, match="fuses the norm"):
+        kda.kda_step(conv_out, fab, fb, A_log, dt_bias, g_out, st_split, slot_idx, norm_w, out,
+                     fuse_norm=False, o_scratch=o, split=split)
+
+
 # =========================================================================================
 _COMPILE_SCRIPT = r"""
 import os, re, subprocess, sys, tempfile
@@ -1183,6 +1228,9 @@ for B in (1, 8, 64):
     kda.kda_step(*args, e(B, 1536))
     conv = (e(B, 3, 4608), e(4608, 4))  # variant kda_conv_fused: the conv inside the step
     kda.kda_step(qkvg, *args[1:], e(B, 1536), conv=conv)
+    split = kda.SplitScratch(e(B * 48, dt=F32), e(B * 12, dt=I32), e(B, 1536, dt=F32))  # variant kda_split_v
+    kda.kda_step(qkvg, *args[1:], e(B, 1536), conv=conv, split=split)
+    kda.kda_step(*args, e(B, 1536), split=split)
     for o_dt in (F32, BF):
         kda.kda_step(*args, e(B, 1536), fuse_norm=False, o_scratch=e(B, 1536, dt=o_dt))
         kda.kda_gated_rmsnorm(e(B, 1536, dt=o_dt), qkvg[:, 4608:], e(128), e(B, 1536))
@@ -1325,7 +1373,8 @@ for (kernel, args, meta), mode in [(c, m) for c in calls for m in (1, 2, 3)
         pdl = pdl and "cp.async.bulk.prefetch.L2.global" in ptx
     if meta.get("PF_CHUNKS", 0) < 0:  # variant prefetch_lines: the line hints did, and no bulk one
         pdl = pdl and "prefetch.global.L2" in ptx and "cp.async.bulk.prefetch" not in ptx
-    if kernel.__name__ == "attn_res_fused_kernel":  # the grid barrier's release / acquire
+    if kernel.__name__ == "attn_res_fused_kernel" or (kernel.__name__ == "kda_step_kernel" and consts.get("SPLIT")):
+        # the grid barrier's (kda_split_v: the head's barrier's) release / acquire
         pdl = pdl and "atom.global.gpu.release" in ptx and ".gpu.acquire" in ptx
     if consts.get("TMA"):  # variant linear_tma: the weight tiles by bulk tensor copies
         pdl = pdl and "cp.async.bulk.tensor" in ptx

@@ -48,17 +48,24 @@ def spin(DELAY_NS: tl.constexpr):
 
 @triton.jit
 def grid_barrier(counter):
-    # Every program of the launch meets here; all must be co-resident. Cooperative-groups
-    # style, on one int32 in global memory that is never reset: program 0 adds
+    # Every program of the launch meets here; all must be co-resident.
+    nprog = tl.num_programs(0) * tl.num_programs(1)
+    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+    group_barrier(counter, nprog, first)
+
+
+@triton.jit
+def group_barrier(counter, nprog, first):
+    # nprog programs meet here (one of them `first`); all must be co-resident. Cooperative-
+    # groups style, on one int32 in global memory that is never reset: the first program adds
     # 2^31 - (nprog - 1), every other program 1 (release, gpu scope), so each crossing adds
     # exactly 2^31 and the sign bit flips once, at the last arrival; a program spins
     # (acquire) until the sign differs from what it saw on arrival. A launch may cross it
     # any number of times: the next flip needs every program's next arrival, so a slow
     # program still sees the last one. The CTA barrier before the release orders every
     # thread's stores before the (single-thread) arrival; the one after the acquire orders
-    # every thread's later loads after it. One counter per stream of serialised launches.
-    nprog = tl.num_programs(0) * tl.num_programs(1)
-    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+    # every thread's later loads after it. One counter per group and stream of serialised
+    # launches.
     lead = (2147483649 - nprog.to(tl.int64)).to(tl.int32)  # 2^31 - (nprog - 1), wrapped
     inc = tl.where(first, lead, 1)
     tl.debug_barrier()
