@@ -384,3 +384,26 @@ pl.DataFrame([{"segment": k, "per_step": v["per_step"], "time_us": v["time"], "i
 
 # %%
 pl.DataFrame([{"config": k, **v} for k, v in r19["compile_audit_sm90a"].items()], strict=False)
+
+# %% [markdown]
+# ## Round twenty: kda_step over V quarters (prepared, not measured)
+# kda_step holds 773 us of c72's critical path per step (69 calls, 2.6% hidden). Its own time
+# shows in the first session's 8-layer recordings, whose kernels triggered after their last
+# store: the fused step (one program per head) against the V-split step of kda_norm_separate
+# (four per head) and its separate norm, read live from the bundled recordings.
+# `kda_split_v` keeps the split and the norm in one kernel, the head's four programs meeting at
+# a barrier; no GPU has run it yet.
+
+# %%
+kda_runs = {"fused step (baseline)": "base_a", "V-split step + norm kernel": "kda_norm_separate"}
+pl.concat([analyze(load_report(bundled_trace(f"k3_bs1_{name}")), cfg).kernel_table
+           .filter(pl.col("name").str.starts_with("kda"))
+           .select(pl.lit(form).alias("form"), "name", "calls_per_step", "median_us")
+           for form, name in kda_runs.items()])
+
+# %%
+r20 = full["round20"]
+pl.DataFrame([{"kernel": k, **v} for k, v in r20["compile_audit_sm90a_triton36"].items()])
+
+# %%
+r20["whatif_c72_us_per_step"]
