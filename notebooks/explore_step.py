@@ -43,7 +43,7 @@ from k3trace.config import load_config
 from k3trace.demo import bundled_trace
 from k3trace.ingest import load_report
 from k3trace.render import figures
-from k3trace.render.html import FAMILY_COLUMNS, KERNEL_COLUMNS, completeness_block
+from k3trace.render.html import ANATOMY_COLUMNS, FAMILY_COLUMNS, KERNEL_COLUMNS, completeness_block
 from k3trace.render.tables import STYLE, Column, html_table
 
 # JupyterLab draws the plotly mimetype; an HTML export (nbconvert) loads plotly.js from its CDN.
@@ -76,6 +76,18 @@ HTML(html_table(a.families, FAMILY_COLUMNS))
 
 # %%
 figures.family_bars(a.families, "per family, us per stable step")
+
+# %% [markdown]
+# ## Segment anatomy: each family's usual segment, kernel by kernel
+# One layer's kernels of a family, in launch order: median start and end from the segment's
+# first kernel, over every layer and stable step; muted where the kernel is rarely on the
+# critical path. Under PDL a kernel's bar starts at its launch, its producer's tail included.
+
+# %%
+figures.segment_anatomy(a.anatomy.dominant(), a.families["family"].to_list(), "each family's usual segment")
+
+# %%
+HTML(html_table(a.anatomy.kernels, ANATOMY_COLUMNS))
 
 # %% [markdown]
 # ## Per layer

@@ -73,8 +73,10 @@ def test_analysis_page(runs, name, tmp_path):
     page = tmp_path / f"{name}.html"
     write_analysis_page(runs[name], page)
     full_attention = name.startswith("k3")
-    source, _ = check_page(page, tmp_path, figures=7 if full_attention else 6, tables=4, texts=(
-        "capture complete", "Families", "Per layer", "Pre-attention window", "Critical path", "PDL edges",
+    # the figures: step times, families, segment anatomy, per layer, pre-attention (full attention only), the
+    # critical path by family and by kernel, the timeline
+    source, _ = check_page(page, tmp_path, figures=8 if full_attention else 7, tables=4, texts=(
+        "capture complete", "Families", "Segment anatomy", "Per layer", "Pre-attention window", "Critical path", "PDL edges",
         "two-stream residency (us/step)", "slack (us)", "on the critical path (us/step)"))
     # completeness is read first
     assert source.index("capture complete") < source.index('class="plotly-graph-div"')
@@ -115,7 +117,7 @@ def test_incomplete_capture_leads_the_page(trace_sqlite, tmp_path):
     assert not a.completeness.ok
     page = tmp_path / "cut.html"
     write_analysis_page(a, page)
-    source, _ = check_page(page, tmp_path, figures=6 if a.pre_attention.is_empty() else 7, tables=4)
+    source, _ = check_page(page, tmp_path, figures=7 if a.pre_attention.is_empty() else 8, tables=4)
     assert source.index("INCOMPLETE CAPTURE") < source.index('class="plotly-graph-div"')
 
 

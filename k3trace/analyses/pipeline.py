@@ -17,7 +17,7 @@ import polars as pl
 
 import k3trace
 from k3trace import cores, heap
-from k3trace.analyses import completeness, critical_path, dram, families, kernels, layers, pdl, pre_attention
+from k3trace.analyses import anatomy, completeness, critical_path, dram, families, kernels, layers, pdl, pre_attention
 from k3trace.analyses import stepgraph, steptimes, streams
 from k3trace.analyses import store
 from k3trace.analyses.overlap import step_overlap
@@ -276,6 +276,7 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
         notes=tuple(notes),
         omitted=() if whole else DIFF_OMITS,
         dram=dram_reading,
+        anatomy=anatomy.segment_anatomy(path, graph.nodes) if whole else None,
     )
 
 

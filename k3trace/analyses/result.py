@@ -8,6 +8,7 @@ from typing import Any
 import polars as pl
 
 from k3trace.analyses import stepgraph
+from k3trace.analyses.anatomy import Anatomy
 from k3trace.analyses.completeness import Completeness
 from k3trace.analyses.dram import DramReading
 from k3trace.config import Config
@@ -25,7 +26,7 @@ PATH_COLUMNS = ("kernel_id", "step", "stream_id", "start", "end", "name", "famil
 #: The parts of an analysis that a diff never reads: it and its pages read the step times
 #: and quantiles, the family table, the graph, the path and kernels, the pre-attention
 #: windows and the completeness. The diff's analyses leave these out (`Analysis.omitted`).
-DIFF_OMITS = ("kernel_table", "layers", "path_steps", "pdl_steps", "pdl_summary")
+DIFF_OMITS = ("kernel_table", "layers", "path_steps", "pdl_steps", "pdl_summary", "anatomy")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Analysis:
     notes: tuple[str, ...] = field(default_factory=tuple)
     omitted: tuple[str, ...] = ()                    # the fields left out (None): DIFF_OMITS for a diff's side
     dram: DramReading | None = None                  # from the report's DRAM metrics; None without them
+    anatomy: Anatomy | None = None                   # each family's typical segment, kernel by kernel
 
     def _whole(self, what: str) -> None:
         """A part that reads the omitted fields fails with a clear message, not a None's AttributeError."""
@@ -163,6 +165,7 @@ class Analysis:
                 "exposed_per_step_us", "critical_us", "slack_us",
             ).to_dicts(),
             "layers": self.layers.to_dicts(),
+            "segment_anatomy": {"kinds": self.anatomy.kinds.to_dicts(), "kernels": self.anatomy.kernels.to_dicts()},
             "labels": self.label_summary.to_json(),
             "pdl": {**self.pdl_summary, "inferred": self.config.infers_pdl},   # not on HIP
             "critical_path": self.critical_summary(),

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
+from k3trace.analyses.anatomy import Anatomy
 from k3trace.analyses.completeness import Completeness
 from k3trace.analyses.dram import DramReading
 from k3trace.analyses.result import PATH_COLUMNS, Analysis
@@ -29,7 +30,7 @@ FORMAT = 3
 #: cost half as much).
 _PATH_SHARED = ("kernel_id", "step", "stream_id", "start", "end", "name", "family", "layer", "launch_rank")
 _TYPES: dict[str, type] = {t.__name__: t for t in (Analysis, StepGraph, Completeness, Config, NameRule,
-                                                  ModuleRule, LabelSummary, DramReading)}
+                                                  ModuleRule, LabelSummary, DramReading, Anatomy)}
 
 
 class _Encoder:

@@ -134,6 +134,36 @@ def dram_profile(profile: pl.DataFrame, peak_tbs: float, title: str) -> go.Figur
     return fig
 
 
+def segment_anatomy(kernels: pl.DataFrame, families: Sequence[str], title: str) -> go.Figure:
+    """Each family's usual segment (anatomy.Anatomy.dominant()), one row per kernel in launch
+    order, families stacked in the order given: a bar from the median start to the median end,
+    solid where the kernel is on the critical path in most segments, muted where it rarely is."""
+    fig = go.Figure()
+    order: list[str] = []
+    for family in families:
+        rows = kernels.filter(pl.col("family") == family)
+        if rows.is_empty():
+            continue
+        labels = [f"{family} {p}: {n}" for p, n in zip(rows["position"].to_list(), rows["name"].to_list())]
+        order += labels
+        fig.add_trace(go.Bar(
+            base=rows["start_us"].to_list(), x=(rows["end_us"] - rows["start_us"]).to_list(), y=labels,
+            orientation="h", name=family, width=0.7,
+            marker={"color": colour(family), "opacity": [0.3 + 0.7 * v for v in rows["on_path_share"].to_list()],
+                    "line": {"color": "#ffffff", "width": 0.6}},
+            customdata=list(zip(rows["name"].to_list(), rows["role"].to_list(), rows["duration_us"].to_list(),
+                                rows["on_path_share"].to_list(), rows["critical_us"].to_list())),
+            hovertemplate="<b>%{customdata[0]}</b> (" + family + ", %{customdata[1]})<br>%{base:,.2f} -> "
+                          "%{x:,.2f} us later; duration %{customdata[2]:,.2f} us (medians)<br>on the critical path in "
+                          "%{customdata[3]:.0%} of the segments, %{customdata[4]:,.2f} us there (mean)<extra></extra>"))
+    fig.update_layout(**LAYOUT, title=title, barmode="overlay",
+                      xaxis_title="time since the segment's first kernel started (us, median)",
+                      yaxis={"categoryorder": "array", "categoryarray": order, "autorange": "reversed", "title": None,
+                             "automargin": True},
+                      height=200 + 22 * len(order), legend_title="family (muted: rarely on the critical path)")
+    return fig
+
+
 def pre_attention_bars(by_layer: pl.DataFrame, summary: dict | None, title: str) -> go.Figure:
     """The window per full-attention layer: median over stable steps, p90 as the whisker."""
     fig = go.Figure(go.Bar(

@@ -97,6 +97,22 @@ DRAM_DIP_COLUMNS = [
     Column("kernels", "kernels starting there", "list", title="by median start, in the dip or the bin before it"),
 ]
 
+ANATOMY_COLUMNS = [
+    Column("family", "family"), Column("kind", "kind", "int", title="0: the family's most frequent kernel sequence"),
+    Column("position", "#", "int", title="in launch order within the segment"), Column("name", "kernel", "name"),
+    Column("role", "stream"),
+    Column("start_us", "start (us)", "num", 2, "median, from the segment's first kernel start"),
+    Column("end_us", "end (us)", "num", 2, "median, from the segment's first kernel start"),
+    Column("duration_us", "duration (us)", "num", 2, "median"),
+    Column("on_path_share", "on the critical path", "share", title="share of the kind's segments"),
+    Column("critical_us", "critical (us)", "num", 2, "mean time on the critical path per segment"),
+]
+ANATOMY_KIND_COLUMNS = [
+    Column("family", "family"), Column("kind", "kind", "int"), Column("kernels", "kernels", "int"),
+    Column("segments_per_step", "segments / step", "num", 2), Column("share", "share of the family's", "share"),
+    Column("span_us", "span (us)", "num", 2, "median, the first kernel's start to the last one's end"),
+]
+
 KERNEL_COLUMNS = [
     Column("name", "kernel", "name"), Column("family", "family"),
     Column("calls_per_step", "calls / step", "num", 0), Column("mean_us", "mean (us)", "num", 2),
@@ -174,6 +190,18 @@ def analysis_page(a: Analysis) -> str:
              + page.figure(figures.family_bars(a.families, "per family, us per stable step")))
     if a.dram is not None:
         _dram_section(page, a)
+    if a.anatomy is not None and a.anatomy.kernels.height:
+        page.add("anatomy", "Segment anatomy",
+                 _lead("A segment is one layer's kernels of one family in one step; the segments of a family whose "
+                       "kernels have the same names in the same launch order are one kind. For each family's most "
+                       "frequent kind: each kernel's median start and end from the segment's first kernel start (the "
+                       "origin of the DRAM profile's time axis), and how often it is on the critical path. Under PDL "
+                       "a kernel records from its launch, so its bar holds its producer's tail.")
+                 + page.figure(figures.segment_anatomy(a.anatomy.dominant(), a.families["family"].to_list(),
+                                                       "each family's usual segment, kernel by kernel"))
+                 + html_table(a.anatomy.kinds, ANATOMY_KIND_COLUMNS, caption="the kinds of segment per family")
+                 + html_table(a.anatomy.kernels, ANATOMY_COLUMNS, caption="every kind, kernel by kernel",
+                              max_rows=400))
     layers = layer_family_table(a.path)
     if layers.height:
         page.add("layers", "Per layer",

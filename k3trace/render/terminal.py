@@ -77,6 +77,38 @@ def kernel_table(a: Analysis, top: int = 15) -> RenderableType:
     return t
 
 
+def anatomy_table(a: Analysis) -> RenderableType | None:
+    """Each family's most frequent segment kind, kernel by kernel, families as the family table orders them."""
+    if a.anatomy is None or a.anatomy.kernels.is_empty():
+        return None
+    kinds = a.anatomy.kinds
+    t = Table(title="segment anatomy: each family's usual segment (one layer's kernels of the family), in launch order",
+              box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False, pad_edge=False,
+              caption="per step: the segments of this kind (its share of the family's, where it has others); "
+                      "start, end: us from the segment's first kernel start; duration: us (medians over the "
+                      "family's segments of this kind); on path: share of them where the kernel is on the critical "
+                      "path; critical: its mean us there. Under PDL a kernel records from its launch, its "
+                      "producer's tail included")
+    for col, just in (("family", "left"), ("per step", "right"), ("#", "right"), ("kernel", "left"),
+                      ("stream", "left"), ("start", "right"), ("end", "right"), ("duration", "right"),
+                      ("on path", "right"), ("critical", "right")):
+        t.add_column(col, justify=just, overflow="fold", min_width=16 if col == "kernel" else None,
+                     no_wrap=col not in ("kernel", "family"))
+    dominant = a.anatomy.dominant()
+    for family in a.families["family"].to_list():
+        rows = dominant.filter(dominant["family"] == family)
+        if rows.is_empty():
+            continue
+        kind = kinds.filter((kinds["family"] == family) & (kinds["kind"] == 0)).row(0, named=True)
+        # The kind's segments per step, and where the family has other kinds the share this one is.
+        count = f"{kind['segments_per_step']:g}" + ("" if kind["share"] == 1 else f" ({kind['share']:.0%})")
+        for i, r in enumerate(rows.iter_rows(named=True)):
+            t.add_row(_name(family) if i == 0 else "", count if i == 0 else "", str(r["position"]), _name(r["name"]),
+                      _name(r["role"]), _us(r["start_us"], 2), _us(r["end_us"], 2), _us(r["duration_us"], 2),
+                      _share(r["on_path_share"]), _us(r["critical_us"], 2), end_section=i == rows.height - 1)
+    return t
+
+
 def details(a: Analysis) -> RenderableType:
     lines = []
     pre = a.pre_attention_summary
@@ -166,8 +198,9 @@ def dram_tables(a: Analysis) -> RenderableType | None:
 
 def render_analysis(a: Analysis) -> RenderableType:
     dram = dram_tables(a)
-    return Group(steps_panel(a), family_table(a), *([dram] if dram is not None else []), kernel_table(a), details(a),
-                 completeness(a))
+    anatomy = anatomy_table(a)
+    return Group(steps_panel(a), family_table(a), *([dram] if dram is not None else []), kernel_table(a),
+                 *([anatomy] if anatomy is not None else []), details(a), completeness(a))
 
 
 # -- diff ----------------------------------------------------------------------------------
