@@ -45,9 +45,11 @@ def segment_anatomy(path: pl.DataFrame, roles: pl.DataFrame | None = None, max_s
     `roles`: kernel_id -> role for the kernels of one step (the representative step's graph
     nodes), read per position from that step's first segment of each kind; None: no roles.
     Over at most `max_steps` stable steps, evenly spaced, and those of `roles` among them."""
-    k = path.filter(pl.col("layer").is_not_null(), pl.col("family").is_not_null()).select(
+    # The steps first: one pass over an integer column, then only their rows are copied.
+    picked = _spaced_steps(path["step"], roles, path, max_steps)
+    k = path.filter(pl.col("step").is_in(picked.implode()), pl.col("layer").is_not_null(),
+                    pl.col("family").is_not_null()).select(
         "kernel_id", "step", "layer", "family", "name", "launch_rank", "start", "end", "on_path", "critical_ns")
-    k = k.filter(pl.col("step").is_in(_spaced_steps(k["step"], roles, path, max_steps).implode()))
     # One integer per segment (step, layer, family): grouping and windows on it, not on three
     # columns of which one is a string.
     k = k.with_columns(pl.col("family").cast(pl.Categorical).to_physical().cast(pl.Int64).alias("fam"))
