@@ -205,3 +205,38 @@ def test_equal_kinds_are_numbered_by_their_sequence():
         kinds = segment_anatomy(path(order)).kinds
         assert kinds["kind"].to_list() == [0, 1] and kinds["kernels"].to_list() == [1, 2]
         assert kinds["segments_per_step"].to_list() == [1.0, 1.0] and kinds["share"].to_list() == [0.5, 0.5]
+
+
+def test_vllm_gpt_oss_on_mi300x_has_its_two_attention_kinds(tmp_path):
+    """A public torch.profiler trace of vLLM serving gpt-oss on an MI300X (one graph replay, layers inferred,
+    nothing of ours): its decoder layers alternate full attention (kernel_unified_attention_3d, then
+    reduce_segments) and sliding-window attention (kernel_unified_attention_2d). Each attention kernel is
+    in the segments of the attention family's kinds as often as in the raw replay, its most frequent kind
+    holds the full-attention pair in order, and where one kind holds them all (the 3d kernel) its median
+    duration is the raw events'."""
+    from test_kineto import ns, public, raw_events, replays
+
+    from k3trace.analyses import analyze
+    from k3trace.config import load_config
+    from k3trace.ingest import load_report
+
+    path = public("tracelens_vllm_decode_full_graph_mi300x.json.gz")
+    [run] = replays(raw_events(path))
+    durations = defaultdict(list)
+    for e in run:
+        durations[e["name"].removeprefix("void ").split("(")[0].split("<")[0]].append(ns(e["dur"]))
+    cfg = tmp_path / "w0.toml"
+    cfg.write_text("[steps]\nwarmup = 0\n")
+    a = analyze(load_report(path), load_config(cfg))
+    kinds, kernels = a.anatomy.kinds, a.anatomy.kernels
+    attention = kernels.filter(kernels["family"] == "attention").join(kinds, on=["family", "kind"])
+    for name in ("kernel_unified_attention_3d", "kernel_unified_attention_2d"):
+        holding = attention.filter(attention["name"] == name)
+        assert holding["segments_per_step"].sum() == len(durations[name]) > 1
+    full = attention.filter(attention["name"] == "kernel_unified_attention_3d").row(0, named=True)
+    assert full["segments_per_step"] == len(durations["kernel_unified_attention_3d"])  # one kind holds them all
+    assert full["duration_us"] == pytest.approx(statistics.median(durations["kernel_unified_attention_3d"]) / 1e3,
+                                                rel=1e-9)
+    names = attention.filter(attention["kind"] == full["kind"])["name"].to_list()
+    assert names[names.index("kernel_unified_attention_3d") + 1] == "reduce_segments"
+    assert kinds.filter(kinds["family"] == "attention")["segments_per_step"].sum() == 24  # gpt-oss-20b's layers
