@@ -46,7 +46,8 @@ def segment_anatomy(path: pl.DataFrame, roles: pl.DataFrame | None = None, max_s
     nodes), read per position from that step's first segment of each kind; None: no roles.
     Over at most `max_steps` stable steps, evenly spaced, and those of `roles` among them."""
     # The steps first: one pass over an integer column, then only their rows are copied.
-    picked = _spaced_steps(path["step"], roles, path, max_steps)
+    own = path.filter(pl.col("kernel_id") == roles["kernel_id"][0])["step"] if roles is not None and roles.height else None
+    picked = spaced_steps(path["step"], max_steps, also=own)
     k = path.filter(pl.col("step").is_in(picked.implode()), pl.col("layer").is_not_null(),
                     pl.col("family").is_not_null()).select(
         "kernel_id", "step", "layer", "family", "name", "launch_rank", "start", "end", "on_path", "critical_ns")
@@ -86,17 +87,15 @@ def segment_anatomy(path: pl.DataFrame, roles: pl.DataFrame | None = None, max_s
                                "on_path_share", "critical_us").sort("family", "kind", "position"))
 
 
-def _spaced_steps(steps: pl.Series, roles: pl.DataFrame | None, path: pl.DataFrame, most: int) -> pl.Series:
-    """At most `most` of the steps, evenly spaced from the first to the last, plus the step the
-    roles were read on (so that every kind of it can take its roles)."""
+def spaced_steps(steps: pl.Series, most: int, also: pl.Series | None = None) -> pl.Series:
+    """At most `most` of the distinct steps, evenly spaced from the first to the last (index
+    round(i (n - 1) / (most - 1))), plus those of `also` (the step roles were read on)."""
     unique = steps.unique().sort()
     if unique.len() <= most:
         return unique
-    picked = unique.gather([round(i * (unique.len() - 1) / (most - 1)) for i in range(most)])
-    if roles is not None and roles.height:
-        own = path.filter(pl.col("kernel_id") == roles["kernel_id"][0])["step"]
-        picked = pl.concat([picked, own]).unique().sort()
-    return picked
+    picked = (unique.gather([round(i * (unique.len() - 1) / (most - 1)) for i in range(most)]) if most > 1
+              else unique.head(most))
+    return picked if also is None else pl.concat([picked, also.cast(picked.dtype)]).unique().sort()
 
 
 def _position_roles(k: pl.DataFrame, roles: pl.DataFrame | None) -> pl.DataFrame:

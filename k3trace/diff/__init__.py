@@ -22,6 +22,7 @@ from k3trace.diff.attribution import Attribution, attribute
 from k3trace.diff.coupling import FLOOR_NS
 from k3trace.diff.edits import STRUCTURE
 from k3trace.diff.matching import ADDED, MATCHED, ONLY_NEW, ONLY_OLD, REMOVED, match_nodes
+from k3trace.diff.segments import segment_table, windows_total
 
 JSON_VERSION = 3
 FAMILY_FIELDS = ("segments_per_step", "device_busy_us", "two_stream_residency_us", "share_of_busy", "exposed_us",
@@ -56,12 +57,18 @@ class Diff:
     pre_attention: dict[str, dict[str, float | int] | None]
     pdl_coupled: pl.DataFrame       # group, player, reason, edit, kind, family, layers, contribution_us (coupling.py)
     dram: pl.DataFrame | None = None  # where every run of both builds has DRAM metrics: _dram's rows
+    segments: pl.DataFrame | None = None  # per segment kind old / new time and us per step (segments.py)
 
     @property
     def verdict(self) -> str:
         """The ITL verdict (what a user feels per token); the GPU span's where a run of one
         step leaves no step period to compare."""
         return self.verdict_span if self.verdict_itl == noise.NO_PERIOD else self.verdict_itl
+
+    @property
+    def segments_total(self) -> dict[str, float] | None:
+        """The segment windows' us per step summed: old, new, delta (segments.windows_total)."""
+        return None if self.segments is None else windows_total(self.segments)
 
     @property
     def skew_us(self) -> float:
@@ -241,6 +248,8 @@ class Diff:
             "pre_attention_window_us": self.pre_attention,
             "read_together": self.read_together(),
             **({"dram": self.dram.to_dicts()} if self.dram is not None else {}),
+            **({"segments": {"kinds": self.segments.to_dicts(), "total_us_per_step": self.segments_total}}
+               if self.segments is not None else {}),
         }
 
 
@@ -367,6 +376,7 @@ def diff(old: Sequence[Analysis], new: Sequence[Analysis], *, seed: int = 0) -> 
                        "new": _representative(new).pre_attention_summary},
         pdl_coupled=coupled,
         dram=_dram(old, new),
+        segments=segment_table(old, new),
     )
 
 

@@ -379,6 +379,23 @@ def diff_page(d) -> str:
                             latency=f in ("device_busy_us", "exposed_us", "critical_us"))]
     page.add("families", "Families, old vs new",
              _lead("Per family, median over stable steps (us per step).") + html_table(fam, fam_cols))
+    if d.segments is not None:
+        seg_cols = [Column("kind", "segment")]
+        for f, label, digits in (("per_step", "per step", 0), ("time_us", "time (us)", 2),
+                                 ("us_per_step", "time x per step (us)", 1)):
+            seg_cols += [Column(f"{f}_old", "old", "num", digits, group=label),
+                         Column(f"{f}_new", "new", "num", digits, group=label)]
+        seg_cols.append(Column("us_per_step_delta", "change", "signed", 1, latency=True,
+                               title="what the segment kind adds to a step, new - old"))
+        total = d.segments_total
+        page.add("segments", "Segments, old vs new",
+                 _lead("Where along the model the step moved: per segment kind (from a (layer, family)'s first kernel "
+                       "start to the next one's; `moe &gt; kda` is an MoE segment followed by a KDA one) its median "
+                       "time and, times the segments per step, what it adds to a step, whichever kernel recorded the "
+                       f"time. Together {total['old']:,.1f} -&gt; {total['new']:,.1f} us per step "
+                       f"({total['delta']:+,.1f}) against the span's {d.span_delta_us:+,.1f} (docs/metrics.md, "
+                       "\"Segments\").")
+                 + html_table(d.segments, seg_cols))
     if d.dram is not None:
         dram_cols = [Column("kind", "segment")]
         for f, label, digits in (("per_step", "per step", 0), ("time_us", "time (us)", 1), ("read_mb", "read (MB)", 1),

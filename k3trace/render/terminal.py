@@ -308,11 +308,31 @@ def diff_dram(d) -> RenderableType | None:
     return t
 
 
+def diff_segments(d) -> RenderableType | None:
+    """Where along the model the step moved: per segment kind, by the size of its change."""
+    if d.segments is None:
+        return None
+    total = d.segments_total
+    t = Table(title="segments, old -> new: from a (layer, family)'s first kernel to the next one's (median us), and "
+                    "that times the segments per step", box=box.SIMPLE_HEAD, show_edge=False,
+              caption=f"the segments together: {total['old']:,.1f} -> {total['new']:,.1f} us per step "
+                      f"({_signed(total['delta'])}), against the span's {_signed(d.span_delta_us)}")
+    for col, just in (("segment", "left"), ("per step", "right"), ("time us", "right"), ("us per step", "right"),
+                      ("change", "right")):
+        t.add_column(col, justify=just)
+    for r in d.segments.iter_rows(named=True):
+        t.add_row(_name(r["kind"]), f"{r['per_step_old']:g} -> {r['per_step_new']:g}",
+                  f"{r['time_us_old']:,.2f} -> {r['time_us_new']:,.2f}",
+                  f"{r['us_per_step_old']:,.1f} -> {r['us_per_step_new']:,.1f}", _signed(r["us_per_step_delta"]))
+    return t
+
+
 def render_diff(d) -> RenderableType:
     together = read_together_table(d)
     dram = diff_dram(d)
+    segments = diff_segments(d)
     return Group(diff_header(d), attribution_table(d), *([together] if together else []), diff_families(d),
-                 *([dram] if dram is not None else []))
+                 *([segments] if segments is not None else []), *([dram] if dram is not None else []))
 
 
 def diff_markdown(d, top: int = 10) -> str:
