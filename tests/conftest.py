@@ -90,3 +90,18 @@ def analysis(trace_sqlite):
         return made[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def reference_of(trace_sqlite):
+    """Function name -> tests/reference.py's plain-Python reading of a bundled recording (once per session)."""
+    import reference  # tests/reference.py
+
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            made[name] = reference.compute(trace_sqlite(name))
+        return made[name]
+
+    return get

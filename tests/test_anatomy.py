@@ -15,27 +15,17 @@ from collections import Counter, defaultdict
 
 import pytest
 
-import reference  # tests/reference.py
-
 CASES = ["k3_bs1_c72", "hf_base_a"]
 
 
 @pytest.fixture(scope="module")
-def made(trace_sqlite):
+def made(analysis, reference_of):
     """name -> (the analysis, its anatomy over every stable step, the reference)."""
-    from k3trace.analyses import analyze
     from k3trace.analyses.anatomy import segment_anatomy
-    from k3trace.config import load_config
-    from k3trace.ingest import load_report
-
-    cache = {}
 
     def get(name):
-        if name not in cache:
-            path = trace_sqlite(name)
-            a = analyze(load_report(path), load_config())
-            cache[name] = (a, segment_anatomy(a.path, a.graph.nodes, max_steps=10**9), reference.compute(path))
-        return cache[name]
+        a = analysis(name)
+        return a, segment_anatomy(a.path, a.graph.nodes, max_steps=10**9), reference_of(name)
 
     return get
 

@@ -13,27 +13,15 @@ from collections import defaultdict
 import polars as pl
 import pytest
 
-import reference  # tests/reference.py
 from test_dram import raw_windows
 
 PAIRS = [("k3_bs1_c69", "k3_bs1_c70"), ("hf_base_a", "hf_norm_fused_a")]
 
 
 @pytest.fixture(scope="module")
-def sides(trace_sqlite):
-    from k3trace.analyses import analyze
-    from k3trace.config import load_config
-    from k3trace.ingest import load_report
-
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            path = trace_sqlite(name)
-            cache[name] = (analyze(load_report(path), load_config(), for_diff=True), reference.compute(path))
-        return cache[name]
-
-    return get
+def sides(analysis, reference_of):
+    """name -> (its analysis, tests/reference.py's reading of it)."""
+    return lambda name: (analysis(name), reference_of(name))
 
 
 def raw_kinds(ref) -> dict[str, tuple[float, float]]:
