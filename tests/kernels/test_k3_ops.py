@@ -1162,6 +1162,30 @@ def test_kda_split_v_is_the_split_step(NH, D, with_conv):
                      fuse_norm=False, o_scratch=o, split=split)
 
 
+@pytest.mark.parametrize("D", [32, 128])
+def test_kda_split_v_one_launch_is_the_two(monkeypatch, D):
+    """kda_split_v's GPU form (one launch, the head's programs meeting at the barrier) against its
+    interpreter form (two launches split there): the same output, state and conv window, bit for bit;
+    every head's counter crossed once (2^31 added). The interpreter runs one program at a time, so it
+    can run the one-launch form only where a head has one program (D = 32); a GPU runs both at 128."""
+    if D > 32 and not CUDA:
+        pytest.skip("four programs a head must run at once: a GPU")
+    B, NH, slots = 3, 2, 5
+    qkvg, conv_state, conv_w, slot_idx, fab, fb, A_log, dt_bias, state, norm_w = _kda_inputs(B, NH, D, slots, 9)
+    g_out = qkvg[:, 3 * NH * D:]
+    runs = []
+    for two_launches in (True, False):
+        monkeypatch.setattr(kda, "INTERPRET", two_launches)
+        cs, st = conv_state.clone(), state.clone()
+        split = kda.SplitScratch.allocate(B, NH, D, DEV)
+        out = torch.empty(B, NH * D, device=DEV, dtype=BF)
+        kda.kda_step(qkvg, fab, fb, A_log, dt_bias, g_out, st, slot_idx, norm_w, out, conv=(cs, conv_w), split=split)
+        runs.append((out, st, cs, split.counters))
+    for two, one in zip(runs[0][:3], runs[1][:3]):
+        assert torch.equal(two, one)
+    assert (runs[0][3] == 0).all() and (runs[1][3] == -2**31).all()
+
+
 # =========================================================================================
 _COMPILE_SCRIPT = r"""
 import os, re, subprocess, sys, tempfile
