@@ -98,6 +98,18 @@ HTML(html_table(d.segment_changes(), [Column("layer", "layer", "int"), Column("f
 sides.family_changes(d.families)
 
 # %% [markdown]
+# ## Where along the model the step moved
+# Per segment kind (a (layer, family)'s first kernel to the next one's: `moe > kda`), its median
+# time old and new and what it adds to a step, whichever kernel recorded the time.
+
+# %%
+d.segments if d.segments is None else d.segments.select(
+    "kind", "per_step_old", "per_step_new", "time_us_old", "time_us_new", "us_per_step_delta")
+
+# %%
+d.segments_total, d.span_delta_us
+
+# %% [markdown]
 # ## One step of the new build
 
 # %%
