@@ -63,11 +63,16 @@ def test_markdown_for_a_pull_request(analysis):
     md = diff_markdown(d, top=3)
     lines = md.splitlines()
     assert lines[0].startswith("**k3trace diff**") and "SLOWER" in md
-    table = [ln for ln in lines if ln.startswith("|")]
+    tables = [[ln for ln in block.splitlines() if ln.startswith("|")] for block in md.split("\n\n")]
+    table, segments = [t for t in tables if t]
     assert table[0] == "| edit | kind | family | layers | us/step | share |" and table[1].startswith("|---")
     assert "moe_router_kernel -> moe_router_group_kernel + moe_router_merge_kernel" in table[2]
     assert all(ln.count("|") >= 7 for ln in table)  # no cell broke the table
     assert table[-1].startswith("| median vs mean step")
+    # where along the model: the diff's segment kinds, by the size of their change
+    assert segments[0] == "| segment | per step | time us | us/step |"
+    assert [ln.split(" | ")[0].lstrip("| ") for ln in segments[2:]] == d.segments["kind"].head(3).to_list()
+    assert all(ln.count("|") == 5 for ln in segments)
 
 
 def test_gpu_work_unchanged_when_only_the_host_share_moved(analysis):

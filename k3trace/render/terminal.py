@@ -368,6 +368,14 @@ def diff_markdown(d, top: int = 10) -> str:
         lines += ["", f"Read together: {READ_TOGETHER}."]
         lines += [f"- " + " + ".join(f"{cell(r['edit'])} ({r['contribution_us']:+.2f})" for r in g["rows"])
                   + f" = **{g['sum_us']:+.2f} us/step** ({REASONS[g['reason']]})" for g in groups]
+    if d.segments is not None and d.segments.height:
+        total = d.segments_total
+        lines += ["", f"Where along the model (segments from a (layer, family)'s first kernel to the next one's; "
+                      f"together {_signed(total['delta'])} us/step of the span's {d.span_delta_us:+.2f}):", "",
+                  "| segment | per step | time us | us/step |", "|---|---:|---:|---:|"]
+        lines += [f"| {cell(r['kind'])} | {r['per_step_old']:g} -> {r['per_step_new']:g} | "
+                  f"{r['time_us_old']:,.2f} -> {r['time_us_new']:,.2f} | {r['us_per_step_delta']:+.2f} |"
+                  for r in d.segments.head(top).iter_rows(named=True)]
     return "\n".join(lines) + "\n"
 
 
