@@ -211,3 +211,30 @@ def test_a_shortened_pdl_neighbour_is_flagged(analysis, trace_sqlite):
     holds, lends = _pdl_neighbours(trace_sqlite("hf_base_a"), "reduce_kernel", None)
     held, lent = _flagged(what_if(analysis("hf_base_a"), [parse_change("scale", "^reduce_kernel$=0.5")]))
     assert held in holds and lent in lends and max(holds) > 0, (held, lent, holds, lends)
+
+
+def test_segments_of_a_kernel_without_slack(analysis):
+    """c72: every kda_step 2 us shorter. kda_step has no slack, so each window holding one (`kda > moe`,
+    `kda > dense`) is 2 us shorter in the replayed steps, every other window as it was, and the windows'
+    changes add up to the predicted span change (no kda_step sits in a step's last, unwindowed segment)."""
+    w = what_if(analysis("k3_bs1_c72"), [parse_change("delta", "kda_step_kernel=-2us")])
+    seg = {r["kind"]: r for r in w.segments.iter_rows(named=True)}
+    assert set(seg) >= {"kda > moe", "kda > dense", "moe > kda", "mla > moe"}
+    for kind, r in seg.items():
+        expected = -2.0 * r["per_step"] if kind.startswith("kda >") else 0.0
+        assert r["change_us_per_step"] == pytest.approx(expected, abs=1e-6), kind
+        assert r["time_us_after"] - r["time_us_before"] == pytest.approx(-2.0 if expected else 0.0, abs=1e-6)
+    assert sum(r["change_us_per_step"] for r in seg.values()) == pytest.approx(w.delta_us, abs=1e-6)
+    assert "segments" in w.to_json()
+
+
+def test_segments_predicted_against_the_diff_of_the_fusion(analysis):
+    """The transformers Llama's eager RMSNorm fused (its standalone time): the prediction's segment kinds are
+    the diff's of the build that made the change, each within 15% of what the diff measured there."""
+    w = what_if(analysis("hf_base_a"), [parse_change("fuse", f"{HF_RMSNORM}={HF_RMSNORM_FUSED_US}us")])
+    d = diff([analysis("hf_base_a")], [analysis("hf_norm_fused_a")])
+    measured = dict(zip(d.segments["kind"], d.segments["us_per_step_delta"]))
+    predicted = dict(zip(w.segments["kind"], w.segments["change_us_per_step"]))
+    assert set(predicted) == set(measured) and len(measured) == 3
+    for kind, m in measured.items():
+        assert abs(predicted[kind] - m) <= max(0.15 * abs(m), d.span_noise_band_us), (kind, predicted[kind], m)

@@ -28,6 +28,7 @@ import polars as pl
 
 from k3trace.analyses import stepgraph
 from k3trace.analyses.critical_path import JOIN, LAUNCH, STREAM
+from k3trace.analyses.dram import segment_windows
 from k3trace.analyses.result import Analysis
 from k3trace.analyses.stepgraph import JOIN_SLOT, STREAM_SLOT, StepGraph
 from k3trace.errors import ReportError
@@ -90,6 +91,7 @@ class WhatIf:
     slack: pl.DataFrame                 # name, family, added_us, slack_us, slack_used_us
     opportunities: pl.DataFrame         # name, family, calls_per_step, gain_us_if_2x_faster
     notes: tuple[str, ...] = field(default_factory=tuple)
+    segments: pl.DataFrame | None = None  # kind, per_step, time_us_before/_after, change_us_per_step (_segments)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +102,7 @@ class WhatIf:
             "uncertainty_us": self.uncertainty_us, "steps": self.steps,
             "critical": self.critical.to_dicts(), "slack": self.slack.to_dicts(),
             "opportunities": self.opportunities.to_dicts(), "notes": list(self.notes),
+            **({"segments": self.segments.to_dicts()} if self.segments is not None else {}),
         }
 
 
@@ -246,6 +249,42 @@ def _borrowed_tail_notes(g: StepGraph, before: np.ndarray, after: np.ndarray, to
             "(`--fuse PRED,KERNEL=TIME` at the predecessor's standalone time) bounds it"]
 
 
+def _segments(g: StepGraph, before: np.ndarray, after: np.ndarray) -> pl.DataFrame | None:
+    """Where along the model the prediction moves the step: the diff's segment windows (a
+    (layer, family)'s first kernel start to the next one's; docs/metrics.md, "Diff",
+    "Segments") on the replayed steps, before and after the change. Per kind: windows per
+    step, their median time before and after, and the median over steps of the kind's summed
+    change. None where no node has a layer."""
+    nodes = g.nodes
+    if nodes["layer"].is_null().all():
+        return None
+    # The graph's nodes carry no run ids: a run is a stretch of one (layer, family) in launch order.
+    order = np.argsort(nodes["launch_rank"].to_numpy(), kind="stable")
+    keys = list(zip(nodes["layer"].to_list(), nodes["family"].to_list()))
+    run = np.empty(g.size, dtype=np.int64)
+    current, previous = -1, object()
+    for i in order:
+        if keys[i] != previous:
+            current, previous = current + 1, keys[i]
+        run[i] = current
+    steps = before.shape[0]
+
+    def windows(start: np.ndarray) -> pl.DataFrame:
+        frame = pl.DataFrame({
+            "step": np.repeat(np.arange(steps, dtype=np.int64), g.size),
+            "layer": np.tile(nodes["layer"].to_numpy(), steps), "family": np.tile(nodes["family"].to_numpy(), steps),
+            "segment": np.tile(run, steps), "start": np.rint(start).astype(np.int64).ravel()})
+        return segment_windows(frame).select("step", "layer", "family", "kind", (pl.col("end") - pl.col("start")).alias("t"))
+
+    joined = windows(before).join(windows(after), on=["step", "layer", "family", "kind"], suffix="_after")
+    per_step = joined.group_by("kind", "step").agg(pl.len().alias("n"), (pl.col("t_after") - pl.col("t")).sum().alias("d"))
+    return joined.group_by("kind").agg(
+        (pl.len() / steps).alias("per_step"), (pl.col("t").median() / 1e3).alias("time_us_before"),
+        (pl.col("t_after").median() / 1e3).alias("time_us_after"),
+    ).join(per_step.group_by("kind").agg((pl.col("d").median() / 1e3).alias("change_us_per_step")), on="kind").sort(
+        pl.col("change_us_per_step").abs(), "kind", descending=[True, False])
+
+
 def _non_pdl_gap(a: Analysis) -> float:
     """Median same-stream gap of critical-path kernels released by their stream predecessor
     without PDL: what a plain launch costs where nothing else holds it back. Off the path such
@@ -343,7 +382,7 @@ def what_if(a: Analysis, changes: Sequence[Change], *, seed: int = 0) -> WhatIf:
         base_span_us=float(np.median(model.span)) / 1e3, delta_us=float(np.median(delta)),
         delta_p10_us=float(np.percentile(delta, 10)), delta_p90_us=float(np.percentile(delta, 90)),
         uncertainty_us=float(hi - lo) / 2, steps=len(delta), critical=critical, slack=slack,
-        opportunities=opportunities(a), notes=tuple(notes),
+        opportunities=opportunities(a), notes=tuple(notes), segments=_segments(g, base_start, start),
     )
 
 

@@ -408,6 +408,15 @@ def render_whatif(w) -> RenderableType:
             t.add_row(r["name"], r["family"], _us(r["critical_us_before"], 2), _us(r["critical_us_after"], 2),
                       _signed(r["change_us"]))
         parts.append(t)
+    if w.segments is not None and w.segments.height:
+        t = Table(title="where along the model (the diff's segments on the replayed steps): windows per step, their "
+                        "median time before and after, and the change per step")
+        for col in ("segment", "per step", "time us", "change us/step"):
+            t.add_column(col, justify="left" if col == "segment" else "right")
+        for r in w.segments.iter_rows(named=True):
+            t.add_row(_name(r["kind"]), f"{r['per_step']:g}", f"{r['time_us_before']:,.2f} -> {r['time_us_after']:,.2f}",
+                      _signed(r["change_us_per_step"]))
+        parts.append(t)
     t = Table(title="top opportunities: step time gained if every call of the kernel ran 2x faster")
     for col in ("kernel", "family", "calls/step", "gain us"):
         t.add_column(col, justify="left" if col in ("kernel", "family") else "right", overflow="fold")
