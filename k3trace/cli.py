@@ -39,11 +39,15 @@ if TYPE_CHECKING:  # imported where used: `k3trace --help` needs neither (bench_
     from k3trace.ingest.tools import Tools
 
 
-def load_config(path: Path | None) -> Config:
-    """k3trace.config.load_config, imported on first use (`--help` reads no config)."""
+def load_config(path: Path | None, warmup: int | None = None) -> Config:
+    """k3trace.config.load_config, imported on first use (`--help` reads no config);
+    `--warmup`, where given, over the file's [steps] warmup."""
+    from dataclasses import replace
+
     from k3trace.config import load_config as load
 
-    return load(path)
+    cfg = load(path)
+    return cfg if warmup is None else replace(cfg, warmup_steps=warmup)
 
 
 def _clicks() -> list:
@@ -455,6 +459,8 @@ def output_file(path: Path, what: str) -> Path:
 CacheDir = typer.Option(None, "--cache-dir", help="Where normalised traces are cached (default: XDG cache).")
 NoCache = typer.Option(False, "--no-cache", help="Neither read nor write the cache.")
 ConfigOpt = typer.Option(None, "--config", help="TOML file overriding k3trace's K3 defaults.")
+Warmup = typer.Option(None, "--warmup", min=0, help="Complete steps dropped as warm-up before the stable ones "
+                                                    "(default 2; 0 for a short torch.profiler trace).")
 Width = typer.Option(None, "--width", min=40, help="Terminal output width (default: the terminal's; piped: "
                                                    "COLUMNS, else 200). Names wrap, never cut.")
 LabelsFrom = typer.Option(None, "--labels-from", help="A labelled report of the same model (e.g. an eager run with "
@@ -551,6 +557,7 @@ def analyze_cmd(
                                                     "one report per rank."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
     config: Optional[Path] = ConfigOpt,
+    warmup: Optional[int] = Warmup,
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
     workers: Optional[int] = typer.Option(None, "--workers", help="Rank reports analysed at once (default: CPUs)."),
@@ -575,10 +582,10 @@ def analyze_cmd(
                                   "run `k3trace analyze REPORT --html FILE` once per rank")
             if labels_from is not None:
                 raise ReportError("--labels-from takes one report to analyze", "analyze the rank reports one by one")
-            run_ranks(RanksOptions(tuple(paths), json_out, load_config(config), env, workers, memory_gb,
+            run_ranks(RanksOptions(tuple(paths), json_out, load_config(config, warmup), env, workers, memory_gb,
                                    engine.value, scheduler, width))
             return
-        run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config), env, html, width, labels_from))
+        run_analyze(AnalyzeOptions(paths[0], json_out, load_config(config, warmup), env, html, width, labels_from))
 
 
 @dataclass(frozen=True)
@@ -639,6 +646,7 @@ def diff_cmd(
                                              help="`slower`: exit 1 when the ITL got slower beyond the noise band."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     config: Optional[Path] = ConfigOpt,
+    warmup: Optional[int] = Warmup,
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
     width: Optional[int] = Width,
@@ -663,7 +671,8 @@ def diff_cmd(
         if html is not None:
             output_file(html, "HTML report")
         run_diff(DiffOptions(tuple(old), tuple(new), "json" if json_out else output_format, html, fail_on,
-                             load_config(config), Environment.resolve(cache_dir, no_cache), width, labels_from))
+                             load_config(config, warmup), Environment.resolve(cache_dir, no_cache), width,
+                             labels_from))
 
 
 @app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -743,13 +752,14 @@ def whatif_cmd(
     stream: Optional[StreamRole] = typer.Option(None, "--stream", help="Only kernels on the main or a side stream."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
     config: Optional[Path] = ConfigOpt,
+    warmup: Optional[int] = Warmup,
     cache_dir: Optional[Path] = CacheDir,
     no_cache: bool = NoCache,
     width: Optional[int] = Width,
 ) -> None:
     """The step time a kernel change would buy, predicted on this build's step graph."""
     from k3trace.analyses import whatif
-    from k3trace.render.terminal import render_whatif
+    from k3trace.render.terminal import render_ranking, render_whatif
 
     with one_line_errors():
         stream = stream.value if stream is not None else None
@@ -759,12 +769,17 @@ def whatif_cmd(
             (whatif.PDL, pdl)) for spec in specs or ()]
         if no_pdl:
             changes.append(whatif.Change(whatif.NO_PDL, (), 0.0, family, scope["layers"], stream))
-        result = whatif.what_if(analysis_of(report, load_config(config), Environment.resolve(cache_dir, no_cache)),
-                                changes)
+        if not changes and (layers is not None or stream is not None):
+            raise ReportError("--layers and --stream restrict a change, and none was given",
+                              "add --scale, --delta, --fuse, --remove, --no-pdl or --pdl, or leave them out for "
+                              "the ranking of what to change first")
+        analysis = analysis_of(report, load_config(config, warmup), Environment.resolve(cache_dir, no_cache))
+        # No change named: the ranking of what to change first, which every prediction ends with.
+        result = whatif.what_if(analysis, changes) if changes else whatif.ranking(analysis, family)
         if json_out:
             sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         else:
-            _stdout(width).print(render_whatif(result))
+            _stdout(width).print(render_whatif(result) if changes else render_ranking(result))
 
 
 def demo_pages(folder: Path) -> dict[str, tuple[Path, str]]:

@@ -121,8 +121,16 @@ def test_whatif_json_and_bad_changes(trace_sqlite, cache_dir):
     terminal = invoke("whatif", report, "--scale", "kda_gate_kernel=0.5", "--cache-dir", str(cache_dir))
     assert terminal.exit_code == 0 and "top opportunities" in terminal.stdout
     for bad in (["--scale", "kda=fast"], ["--delta", "nothing_matches=+1us"], ["--layers", "x..y", "--remove", "kda"],
-                ["--stream", "sideways", "--remove", "kda"], []):
+                ["--stream", "sideways", "--remove", "kda"], ["--layers", "3"], ["--stream", "main"],
+                ["--family", "no_such_family"]):
         assert invoke("whatif", report, *bad, "--cache-dir", str(cache_dir)).exit_code == 2, bad
+    # No change: the ranking every prediction ends with, alone.
+    ranked = invoke("whatif", report, "--json", "--cache-dir", str(cache_dir))
+    assert ranked.exit_code == 0
+    r = json.loads(ranked.stdout)
+    assert r["changes"] == [] and r["opportunities"] == j["opportunities"] and "delta_us" not in r
+    shown = invoke("whatif", report, "--cache-dir", str(cache_dir))
+    assert shown.exit_code == 0 and "no change given" in shown.stdout and "top opportunities" in shown.stdout
 
 
 # -- the command line itself -----------------------------------------------------------------

@@ -263,6 +263,37 @@ def test_public_replay(name, tmp_path):
     assert a["labels"]["inferred"][0]["layers"] == len(attention)
 
 
+def test_warmup_option_on_a_one_step_trace(tmp_path):
+    """A torch.profiler trace often holds a step or two. The refusal names the option that
+    analyses it (`--warmup 0`), which reads as the TOML file's [steps] warmup and wins over
+    it; diff and whatif take it too."""
+    from typer.testing import CliRunner
+
+    from k3trace.cli import app
+
+    path = str(public("tracelens_vllm_decode_full_graph_mi300x.json.gz"))
+    [run] = replays(raw_events(Path(path)))
+
+    def invoke(*args):
+        return CliRunner().invoke(app, [*args, "--cache-dir", str(tmp_path / "cache")], catch_exceptions=False)
+
+    refused = invoke("analyze", path)
+    assert refused.exit_code == 2 and "pass --warmup 0 to analyse it" in refused.output
+    late = tmp_path / "w5.toml"
+    late.write_text("[steps]\nwarmup = 5\n")
+    j = json.loads(invoke("analyze", path, "--warmup", "0", "--config", str(late), "--json").stdout)
+    assert j["steps"]["warmup"] == 0 and j["steps"]["count"] == j["steps"]["total"] == 1
+    assert j["steps"]["kernels_per_step"] == len(run)
+    assert j["steps"]["span_median_us"] * 1e3 == pytest.approx(
+        max(ns(e["ts"]) + ns(e["dur"]) for e in run) - min(ns(e["ts"]) for e in run), abs=1)
+    assert "warm-up kept" in invoke("analyze", path, "--warmup", "0").stdout
+    d = json.loads(invoke("diff", path, path, "--warmup", "0", "--json").stdout)
+    assert d["span_delta_us"] == 0 and d["verdict_span"] == "within_noise"
+    w = invoke("whatif", path, "--warmup", "0", "--json")
+    assert w.exit_code == 0 and json.loads(w.stdout)["steps"] == 1
+    assert invoke("analyze", path, "--warmup", "-1").exit_code == 2
+
+
 @pytest.mark.parametrize("name", ["tracelens_vllm_decode_full_graph_mi300x.json.gz",
                                   "tracelens_sglang_qwen3_8b_decode_mi300x.json.gz"])
 def test_public_rocm_replay_infers_no_pdl(name, tmp_path):

@@ -14,7 +14,8 @@ import statistics
 import pytest
 
 from k3trace.analyses import stepgraph
-from k3trace.analyses.whatif import NO_PDL, Change, parse_change, parse_layers, parse_time_ns, step_model, what_if
+from k3trace.analyses.whatif import (NO_PDL, Change, parse_change, parse_layers, parse_time_ns, ranking, step_model,
+                                     what_if)
 from k3trace.diff import diff
 from k3trace.errors import ReportError
 
@@ -109,6 +110,35 @@ def test_top_opportunities_skip_kernels_with_slack(analysis):
     assert gains["kda_gate_kernel"] == pytest.approx(w.delta_us * -1, rel=1e-6, abs=0.5)
     assert gains.get("kda_conv_silu_kernel", 0.0) == pytest.approx(0.0, abs=1e-6)  # all slack
     assert list(top["gain_us_if_2x_faster"]) == sorted(top["gain_us_if_2x_faster"], reverse=True)
+
+
+def test_the_ranking_without_a_change_on_a_one_stream_step(analysis, reference_of):
+    """`whatif REPORT` with no change. The transformers Llama runs on one stream with no kernel
+    beside another, so every kernel sits on the path with no slack and halving all of one
+    kernel's calls shortens the mean step by half its summed time there (raw rows). --family
+    ranks that family's kernels only, the same numbers."""
+    import collections
+
+    r = reference_of("hf_base_a")
+    assert len({k.stream for s in r.stable for k in s.kernels}) == 1
+    per_step = collections.defaultdict(list)
+    for s in r.stable:
+        summed = collections.Counter()
+        for k in s.kernels:
+            summed[(k.name, k.family)] += k.end - k.start
+        for key, ns in summed.items():
+            per_step[key].append(ns)
+    half_us = {key: statistics.mean(v) / 2e3 for key, v in per_step.items()}
+    a = analysis("hf_base_a")
+    for family in (None, "mlp"):
+        rows = ranking(a, family).opportunities
+        expected = sorted(((us, key) for key, us in half_us.items() if family in (None, key[1])), reverse=True)
+        assert rows.height == min(15, len(expected))
+        for row, (us, key) in zip(rows.iter_rows(named=True), expected):
+            assert (row["name"], row["family"]) == key
+            assert row["gain_us_if_2x_faster"] == pytest.approx(us, abs=1e-3)
+    with pytest.raises(ReportError, match="no kernel of family 'moe'"):
+        ranking(a, "moe")
 
 
 def test_no_pdl_costs_the_measured_gap_on_pdl_edges(analysis):

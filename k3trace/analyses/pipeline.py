@@ -191,10 +191,17 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
     del labelling
     stable_ids = steps.filter(pl.col("stable")).select("step")
     if stable_ids.is_empty():
+        complete = steps.filter(pl.col("drop_reason").is_null() | pl.col("drop_reason").is_in(["warm-up", "outlier"]))
         raise ReportError(
             f"{trace.source}: none of the {steps.height} decode steps is stable "
             f"({', '.join(f'{r}: {n}' for r, n in steps.group_by('drop_reason').len().iter_rows())})",
-            "record more steps (warm-up is dropped) or lower [steps] warmup in a --config file",
+            # A torch.profiler trace often holds one or two steps, past warm-up already
+            # (the profiler's schedule discards its own warm-up steps).
+            f"record more steps (the first {cfg.warmup_steps} complete ones are dropped as warm-up), or pass "
+            + (f"--warmup 0 to analyse {'it' if complete.height == 1 else 'them'}, warm-up included"
+               if complete.height <= 1 or cfg.warmup_steps == 0 else
+               f"--warmup N (0 to {complete.height - 1}) to analyse the {complete.height} complete ones from step "
+               "N + 1, warm-up included"),
         )
     # Only the columns the metrics read: every sort, join and filter below gathers each
     # column it carries, and the labelled frame holds twice as many.

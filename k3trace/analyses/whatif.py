@@ -106,6 +106,27 @@ class WhatIf:
         }
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """`k3trace whatif REPORT` with no change: where to start, before any change is named."""
+    report: str
+    base_span_us: float                 # median measured span
+    steps: int
+    opportunities: pl.DataFrame         # name, family, calls_per_step, gain_us_if_2x_faster
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": JSON_VERSION, "report": self.report, "changes": [], "base_span_us": self.base_span_us,
+                "steps": self.steps, "opportunities": self.opportunities.to_dicts()}
+
+
+def ranking(a: Analysis, family: str | None = None) -> Ranking:
+    if family is not None and family not in set(a.graph.nodes["family"].to_list()):
+        raise ReportError(f"no kernel of family {family!r} in {a.report}",
+                          "pick a family from `k3trace analyze`'s families table")
+    return Ranking(report=a.report, base_span_us=float(a.step_stats["span"]["median"]), steps=a.stable_steps,
+                   opportunities=opportunities(a, family=family))
+
+
 def step_model(a: Analysis) -> StepModel:
     """Each stable step's own parameters on the representative step's graph: the input that
     released a kernel in that step gets exactly the gap it had, the others at most their
@@ -314,11 +335,14 @@ def _by_kernel(g: StepGraph, values: dict[str, np.ndarray]) -> pl.DataFrame:
     return frame.group_by("name", "family").agg(pl.col(k).sum() for k in values)
 
 
-def opportunities(a: Analysis, top: int = 15) -> pl.DataFrame:
-    """For every kernel name: the step time gained if all its calls ran 2x faster (replayed on
-    the mean step): what to optimise first. Kernels with slack gain little or nothing."""
+def opportunities(a: Analysis, top: int = 15, family: str | None = None) -> pl.DataFrame:
+    """For every kernel name (of `family`, if given): the step time gained if all its calls ran
+    2x faster (replayed on the mean step): what to optimise first. Kernels with slack gain
+    little or nothing."""
     g = a.graph
     groups = g.nodes.with_row_index("i").group_by("name", "family").agg("i", pl.len().alias("nodes"))
+    if family is not None:
+        groups = groups.filter(pl.col("family") == family)
     dur = np.tile(g.duration, (groups.height, 1))
     for v, idx in enumerate(groups["i"].to_list()):
         dur[v, idx] *= 0.5

@@ -157,6 +157,7 @@ def analysis_page(a: Analysis) -> str:
         ("report", printable(a.report)), ("recorded with", printable(a.recorded_with)),
         ("steps", f"{a.stable_steps} stable of {a.steps.height} (found by {a.step_source}; dropped: "
                   + (", ".join(f"{n} {r}" for r, n in sorted(a.dropped.items())) or "none")
+                  + (", warm-up kept" if a.config.warmup_steps == 0 else "")
                   + f"; outliers beyond median ± {a.config.mad_k:g} MAD)"),
         ("kernels per step", f"{int(a.steps['kernels_expected'][0]):,}"),
         ("labels", ", ".join(f"{s} {n:,}" for s, n in a.label_sources.items())),

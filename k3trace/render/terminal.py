@@ -38,6 +38,8 @@ def steps_panel(a: Analysis) -> RenderableType:
                        ("GPU busy", "busy"), ("two-stream residency", "residency")):
         t.add_row(label, *(_us(q[key][c], 2) for c in ("median", "p90", "p99")))
     dropped = ", ".join(f"{n} {r}" for r, n in sorted(a.dropped.items())) or "none"
+    if a.config.warmup_steps == 0:
+        dropped += ", warm-up kept"
     head = Text.assemble(
         (printable(a.report), "bold"), f"  {printable(a.recorded_with)}\n",
         f"{a.stable_steps} stable steps of {a.steps.height} (source: {a.step_source}; dropped: {dropped}; "
@@ -417,13 +419,26 @@ def render_whatif(w) -> RenderableType:
             t.add_row(_name(r["kind"]), f"{r['per_step']:g}", f"{r['time_us_before']:,.2f} -> {r['time_us_after']:,.2f}",
                       _signed(r["change_us_per_step"]))
         parts.append(t)
+    parts.append(_opportunities(w.opportunities))
+    return Group(*parts)
+
+
+def _opportunities(frame) -> RenderableType:
     t = Table(title="top opportunities: step time gained if every call of the kernel ran 2x faster")
     for col in ("kernel", "family", "calls/step", "gain us"):
         t.add_column(col, justify="left" if col in ("kernel", "family") else "right", overflow="fold")
-    for r in w.opportunities.iter_rows(named=True):
+    for r in frame.iter_rows(named=True):
         t.add_row(r["name"], r["family"], _us(r["calls_per_step"], 0), _us(r["gain_us_if_2x_faster"], 2))
-    parts.append(t)
-    return Group(*parts)
+    return t
+
+
+def render_ranking(r) -> RenderableType:
+    head = Text.assemble(
+        ("no change given: ", "bold"), "what each kernel is worth, replayed on the step graph "
+        f"(span {r.base_span_us:,.2f} us, median over {r.steps} stable steps)\n",
+        "name one with --scale, --delta, --fuse, --remove, --no-pdl or --pdl for its prediction",
+    )
+    return Group(Panel(head, title=f"k3trace whatif {r.report}", expand=False), _opportunities(r.opportunities))
 
 
 # -- several ranks ------------------------------------------------------------------------
