@@ -220,14 +220,37 @@ def main() -> int:
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + written)")
     rows = []
+
+    def save() -> None:
+        # After every build: a list cut short by its call's time limit keeps what it timed.
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+
     for batch in args.batches:
         for i, variant in enumerate([args.variants[0]] * args.warmup + args.variants):
             warmup = i < args.warmup
             build, spec = parse_build(variant)
-            with overrides(spec, args.skinny_table):
-                model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build, delay_kernel="",
-                                                    delay_ns=0, no_fork=False))
-                step_ms = time_step(model, args.replays)
+            try:
+                with overrides(spec, args.skinny_table):
+                    model = build_model(SimpleNamespace(batch=batch, layers=args.layers, variant=build,
+                                                        delay_kernel="", delay_ns=0, no_fork=False))
+                    step_ms = time_step(model, args.replays)
+            except Exception as exc:  # a build never run before (a compile error, a launch failure)
+                # One failed build must not take the list's other numbers with it; a faulted
+                # CUDA context fails every build after it, so the list stops there.
+                line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                print(f"B={batch:3d} {variant}: FAILED {line}")
+                rows.append({"batch": batch, "variant": variant, "error": line})
+                save()
+                model = None
+                try:
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+                except Exception:
+                    print("the CUDA context is lost: the list stops here")
+                    return 1
+                continue
             if warmup:
                 print(f"B={batch:3d} {variant}: warm-up {step_ms:8.3f} ms (not a sample)")
                 del model
@@ -240,16 +263,14 @@ def main() -> int:
                    "floor_ms": floor_ms, "ratio": step_ms / floor_ms,
                    "parts_gb": {k: v / 1e9 for k, v in parts.items()}, "copy_tb_s": bw / 1e12}
             rows.append(row)
+            save()
             print(f"B={batch:3d} {variant}: step {step_ms:8.3f} ms   reads {total / 1e9:7.2f} GB   "
                   f"HBM floor {floor_ms:8.3f} ms   ratio {step_ms / floor_ms:5.2f}"
                   + ("  (goal <= 1.25)" if batch == 1 else ""))
             print("        " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in parts.items()))
             del model
             torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
-    return 0
+    return 1 if any("error" in r for r in rows) else 0
 
 
 if __name__ == "__main__":
