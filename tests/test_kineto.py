@@ -263,6 +263,35 @@ def test_public_replay(name, tmp_path):
     assert a["labels"]["inferred"][0]["layers"] == len(attention)
 
 
+def test_qwen3_head_norms_stay_in_the_attention_half(tmp_path):
+    """SGLang's Qwen3-8B replay: its per-head q and k RMSNorms run the input norm's kernel
+    (add_rmsnorm_quant) between the QKV GEMM and the attention. They are the attention's
+    input work, not segment starts: each layer is two segments, the attention half from the
+    layer's first kernel through the o_proj GEMM, and the MLP half from the norm after the
+    attention through the down GEMM. From the raw replay: a layer's MLP half starts at the
+    first norm after its attention kernel, and the next layer two kernels after its
+    act_and_mul (the down GEMM between)."""
+    path = public("tracelens_sglang_qwen3_8b_decode_mi300x.json.gz")
+    [run] = replays(raw_events(path))
+    base = [e["name"] for e in run]   # as recorded (aiter's norm and SGLang's activation mangled)
+    attention = [i for i, b in enumerate(base) if "paged_attention_ll4mi_QKV_mfma16_kernel" in b]
+    mlp = [next(j for j in range(i, len(base)) if "add_rmsnorm_quant_kernel" in base[j]) for i in attention]
+    ends = [next(j for j in range(m, len(base)) if "act_and_mul_kernel" in base[j]) + 2 for m in mlp]
+    assert len(attention) == 36 and all(base[e - 1].startswith("Cijk") for e in ends)
+    assert all(sum("add_rmsnorm_quant_kernel" in b for b in base[e:a]) == 3 for e, a in zip(ends, attention[1:]))
+    cfg = tmp_path / "w0.toml"
+    cfg.write_text("[steps]\nwarmup = 0\n")
+    a = analyze(load_report(path), load_config(cfg))
+    step = a.kernels.filter(pl.col("step").is_not_null()).sort("start")
+    layer_of, family_of = step["layer"].to_list(), step["family"].to_list()
+    for layer in range(1, 36):   # layer 0's start is the prologue's question, not this one's
+        for i in range(ends[layer - 1], ends[layer]):
+            assert layer_of[i] == layer, (i, base[i])
+            assert family_of[i] == ("attention" if i < mlp[layer] else "dense"), (layer, i, base[i])
+    families = {f["name"]: f["segments_per_step"] for f in a.to_json()["families"]}
+    assert families["attention"] == families["dense"] == 36
+
+
 def test_warmup_option_on_a_one_step_trace(tmp_path):
     """A torch.profiler trace often holds a step or two. The refusal names the option that
     analyses it (`--warmup 0`), which reads as the TOML file's [steps] warmup and wins over

@@ -18,8 +18,10 @@ reached (METRICS.md, "Inferred layers").
    (demangled name, grid, block) where they have one, else by name.
 3. Segments: a layer's first kernels recur where its second half starts (K3: the attention
    residual pair before the attention and before the MoE; Llama: the RMSNorm before the
-   attention and before the MLP); a layer whose start does not recur (the first layer's norm
-   adds no residual) splits where the most similar layer does. A segment holding an
+   attention and before the MLP), after the layer's attention (SGLang's Qwen3 runs its q and
+   k head norms with the input norm's kernel before its attention: no segment starts there);
+   a layer whose start does not recur (the first layer's norm adds no residual) splits where
+   the most similar layer does. A segment holding an
    attention is that attention family (`attention` when only the pattern matched); another
    is `moe` when one of its kernel names, found in no other kind of MLP segment, matches the
    `moe` name rule, else `dense`. Kernels whose name rule gives a `kernel_families` family
@@ -244,11 +246,22 @@ def _split_like(tokens: tuple, kinds: dict[tuple, list[int]]) -> list[int]:
     return starts
 
 
+def _after_attention_start(starts: list[int], attention: list[int]) -> list[int]:
+    """A recurrence of the layer's first kernel before its attention starts no segment: it is
+    the attention's own input work (Qwen3's per-head q and k RMSNorms run the input norm's
+    kernel between the QKV GEMM and the attention), and the MLP half starts after it."""
+    if not attention:
+        return starts
+    return [0] + [p for p in starts[1:] if p > attention[0]]
+
+
 def _segment_families(layers: list[tuple[int, int]], names: list[str], kinds: list[str | None],
                       rules: list[str | None], tokens: list[int], cfg: Config) -> list[str | None]:
     """Step 3: every kernel's family from its layer's segments."""
-    splits = {tuple(tokens[s:e]): piece_starts(tuple(tokens[s:e])) for s, e in layers}
-    splits = {kind: starts if len(starts) > 1 else _split_like(kind, splits) for kind, starts in splits.items()}
+    attention_at = {tuple(tokens[s:e]): [i - s for i in range(s, e) if kinds[i] is not None] for s, e in layers}
+    splits = {kind: _after_attention_start(piece_starts(kind), attention_at[kind]) for kind in attention_at}
+    splits = {kind: starts if len(starts) > 1 else _after_attention_start(_split_like(kind, splits), attention_at[kind])
+              for kind, starts in splits.items()}
     pieces: list[tuple[int, int]] = []
     for s, e in layers:
         starts = splits[tuple(tokens[s:e])]
