@@ -263,6 +263,86 @@ def test_public_replay(name, tmp_path):
     assert a["labels"]["inferred"][0]["layers"] == len(attention)
 
 
+ATTENTION_KERNEL = re.compile(r"(?i)sdpa|flash|fmha|attention")
+
+
+def piecewise(events: list[dict]) -> tuple[list[dict], list[list[dict]]]:
+    """The transformers Llama's trace rewritten the way vLLM's piecewise CUDA graphs record
+    a decode step: each replay cut at its attention kernels into pieces, each piece a graph
+    launch of its own (the middle pieces alike, so one graph replayed seven times a step),
+    each attention kernel an eager launch between them, all inside a vLLM step range around
+    the original launch. The kernels keep their recorded times. Returns the events and the
+    kernels of each original replay (the steps), in start order."""
+    events = [dict(e, args=dict(e.get("args", {}))) for e in events]
+    launches = sorted((e for e in events if e.get("name") == "cudaGraphLaunch"), key=lambda e: e["ts"])
+    by_corr = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "kernel":
+            by_corr[e["args"]["correlation"]].append(e)
+    corr = max(e["args"].get("correlation", 0) for e in events) + 1
+    steps = []
+    for launch in launches:
+        events.remove(launch)
+        kernels = sorted(by_corr[launch["args"]["correlation"]], key=lambda e: e["ts"])
+        steps.append(kernels)
+        units, piece = [], []
+        for k in kernels:
+            if ATTENTION_KERNEL.search(k["name"]):
+                units += [("cudaGraphLaunch", piece)] if piece else []
+                units.append(("cudaLaunchKernel", [k]))
+                piece = []
+            else:
+                piece.append(k)
+        units += [("cudaGraphLaunch", piece)] if piece else []
+        slot = Decimal(str(launch["dur"])) / (len(units) + 1)
+        events.append({"ph": "X", "cat": "user_annotation", "pid": launch["pid"], "tid": launch["tid"],
+                       "name": "execute_1_context_0(sq0sk0sqsq0sqsk0)_generation_1(sq1sk1sqsq1sqsk1)",
+                       "ts": Decimal(str(launch["ts"])) - 1, "dur": Decimal(str(launch["dur"])) + 2, "args": {}})
+        for j, (call, members) in enumerate(units):
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": call, "pid": launch["pid"],
+                           "tid": launch["tid"], "ts": Decimal(str(launch["ts"])) + (j + 1) * slot, "dur": slot / 2,
+                           "args": {"cbid": 311 if call == "cudaGraphLaunch" else 211, "correlation": corr}})
+            for k in members:
+                k["args"]["correlation"] = corr
+            corr += 1
+    return events, steps
+
+
+def test_piecewise_graphs_make_one_step_per_step_range(tmp_path):
+    """vLLM's piecewise CUDA graphs: a step is its step range, not a replay. Each step holds
+    the original replay's kernels, pieces and eager attention alike, with its span from the
+    raw rows; the inferred layers each hold one attention kernel, in launch order, although
+    the seven middle pieces are one graph's replays (labels go by rank in the step, not by
+    graph node)."""
+    events, steps = piecewise(raw_events(FIXTURE))
+    path = tmp_path / "piecewise.pt.trace.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": events}, fh, default=float)
+    a = analyze(load_report(path), load_config())
+    assert a.step_source == "piecewise" and a.steps.height == len(steps) == 8
+    spans = [ns(max(Decimal(str(k["ts"])) + Decimal(str(k["dur"])) for k in s)) - ns(min(Decimal(str(k["ts"]))
+             for k in s)) for s in steps]
+    assert a.steps["kernels"].to_list() == [len(s) for s in steps]
+    assert a.steps["span"].to_list() == pytest.approx(spans, abs=2)
+    step = a.kernels.filter(pl.col("step") == a.representative_step()).sort("launch_rank")
+    names, layers = step["name"].to_list(), step["layer"].to_list()
+    attention = [i for i, n in enumerate(names) if ATTENTION_KERNEL.search(n)]
+    assert len(attention) == 8 and step["start"].is_sorted()
+    labelled = [x for x in layers if x is not None]
+    assert labelled == sorted(labelled) and len(labelled) >= 0.9 * len(layers)   # the embedding and head aside
+    assert [layers[i] for i in attention] == sorted(set(labelled))
+    assert collections.Counter(layers[i] for i in attention) == collections.Counter(set(labelled))
+    assert set(step["family"].gather(attention).to_list()) == {"attention"}
+    # The same step as one graph (the recording itself) is labelled alike, kernel for kernel;
+    # there layers count from 1 (k3trace's convention), here from 0 (vLLM's step ranges).
+    whole = analyze(load_report(FIXTURE), load_config())
+    one = whole.kernels.filter(pl.col("step") == whole.representative_step()).sort("launch_rank")
+    assert a.label_summary.convention == "vllm" and whole.label_summary.convention != "vllm"
+    assert one["name"].to_list() == names
+    assert one["layer"].to_list() == [None if x is None else x + 1 for x in layers]
+    assert one["family"].to_list() == step["family"].to_list()
+
+
 def test_qwen3_head_norms_stay_in_the_attention_half(tmp_path):
     """SGLang's Qwen3-8B replay: its per-head q and k RMSNorms run the input norm's kernel
     (add_rmsnorm_quant) between the QKV GEMM and the attention. They are the attention's

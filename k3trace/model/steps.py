@@ -20,7 +20,7 @@ from k3trace.ingest import Trace
 from k3trace.model.frames import looked_up
 from k3trace.model.launches import capture_nodes, kernels_with_launch
 
-GRAPH, NVTX, PERIOD = "graph", "nvtx", "period"
+GRAPH, NVTX, PERIOD, PIECEWISE = "graph", "nvtx", "period", "piecewise"
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,19 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
     # The columns the step keys need, not the whole frame (peak memory: a copy of all).
     graph_kernels = kernels.select("correlation_id", "start", "graph_node_id").filter(
         pl.col("graph_node_id").is_not_null())
-    if not graph_kernels.is_empty():
+    pieces = pieces_per_range(kernels, ranges) if not graph_kernels.is_empty() else 0.0
+    if pieces >= 2:
+        # Piecewise CUDA graphs (vLLM's default compile mode): a step replays a graph per
+        # piece of the model, with the attention launched eagerly between them. One replay
+        # is a piece, not a step; the step range holds all of them, and every kernel, replayed
+        # or eager, belongs to the range its launch sits in, in launch order.
+        source = PIECEWISE
+        every = _in_ranges(kernels.select("kernel_id", "launch_tid", "launch_start"), ranges)
+        kernels = looked_up(kernels, pl.DataFrame({"kernel_id": kernels["kernel_id"].sort(), "step": every}),
+                            "kernel_id").with_columns(
+            pl.struct("launch_start", pl.coalesce("capture_node_id", "graph_node_id", pl.lit(0))).alias("order_key"))
+        signature = None
+    elif not graph_kernels.is_empty():
         source = GRAPH
         step_key = (
             graph_kernels.group_by("correlation_id")
@@ -153,6 +165,19 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
         )
     return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others,
                           range_form=forms[0][0] if forms else None, range_forms=forms, range_count=ranges.height)
+
+
+def pieces_per_range(kernels: pl.DataFrame, ranges: pl.DataFrame) -> float:
+    """Median graph replays per step range, over the ranges holding one (0: no range holds
+    one). A replay's kernels share its launch: one row per replay, placed by that launch."""
+    if ranges.is_empty():
+        return 0.0
+    launches = (kernels.filter(pl.col("graph_node_id").is_not_null())
+                .group_by("correlation_id").agg(pl.col("kernel_id").min(), pl.col("launch_tid").first(),
+                                                pl.col("launch_start").min())
+                .sort("kernel_id"))
+    per_range = launches.select(_in_ranges(launches, ranges).alias("range")).drop_nulls().group_by("range").len()
+    return float(per_range["len"].median()) if per_range.height else 0.0
 
 
 def _step_table(kernels: pl.DataFrame, signature: pl.Expr | None) -> pl.DataFrame:

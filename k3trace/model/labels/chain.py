@@ -18,7 +18,7 @@ from k3trace.model.labels.summary import (
     ALIGNED_SOURCE, DONOR_SOURCE, GRAPH_SOURCE, INFERRED_SOURCE, MODULE_SOURCE, NVTX_SOURCE, RULE_SOURCE,
     UNLABELLED, ZERO_BASED, LabelSummary, convention, source_stats,
 )
-from k3trace.model.steps import StepAssignment
+from k3trace.model.steps import PIECEWISE, StepAssignment
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,16 @@ def _fill_in_turn(out: pl.DataFrame, sources: list[tuple[pl.DataFrame, list[str]
 
 
 def _fill_units(out: pl.DataFrame, mapping: pl.DataFrame, source: str) -> pl.DataFrame:
-    """A unit mapping onto every step of its units: replays by graph node, eager steps by rank."""
+    """A unit mapping onto every step of its units: a graph's replays by node, a step's
+    kernels (eager, or piecewise replays) by rank."""
     out = _fill(out, mapping.filter(pl.col("graph_node_id").is_not_null()), ["graph_node_id"], source)
     eager = mapping.filter(pl.col("graph_node_id").is_null()).drop("graph_node_id")
     if eager.is_empty():
         return out
-    part = out.filter(pl.col("graph_node_id").is_null())
-    rest = out.filter(pl.col("graph_node_id").is_not_null())
+    # A step's unit (eager, or piecewise graphs) holds replayed kernels too: by unit, not node.
+    by_rank = pl.col("graph_node_id").is_null() | pl.col("unit").str.starts_with("s").fill_null(False)
+    part = out.filter(by_rank)
+    rest = out.filter(~by_rank)
     return pl.concat([rest, _fill(part, eager, ["unit", "launch_rank"], source)]).sort("kernel_id")
 
 
@@ -115,7 +118,7 @@ def label(trace: Trace, assignment: StepAssignment, cfg: Config, donor: LabelDon
     donor_coverage, found = None, []
     # The later sources work on whole units (a graph, an eager step signature) with no label.
     if out.select((pl.col("step").is_not_null() & pl.col("layer").is_null()).any()).item():
-        out = units.with_units(out, assignment.steps)
+        out = units.with_units(out, assignment.steps, whole_steps=assignment.source == PIECEWISE)
         wanted = units.needing(out)
         graphs = {u for u in wanted if u.startswith("g")}
         if graphs:

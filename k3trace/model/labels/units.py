@@ -9,13 +9,15 @@ import polars as pl
 _NODE_BITS = 32
 
 
-def with_units(kernels: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def with_units(kernels: pl.DataFrame, steps: pl.DataFrame, whole_steps: bool = False) -> pl.DataFrame:
     """`unit`: `g<graph>` for replay kernels, `s<signature>` for eager kernels in a step,
-    null outside steps."""
+    null outside steps. `whole_steps` (piecewise graphs: a step replays several graphs, one
+    of them several times, with eager kernels between): every kernel of a step is in its
+    step's unit, and is labelled by its rank in the step, never by its graph node."""
     sig = steps.select("step", pl.col("signature").alias("_sig"))
     return kernels.join(sig, on="step", how="left").with_columns(
         pl.when(pl.col("step").is_null()).then(None)
-        .when(pl.col("graph_node_id").is_not_null())
+        .when(pl.col("graph_node_id").is_not_null() & (not whole_steps))
         .then(pl.format("g{}", pl.col("graph_node_id") // (1 << _NODE_BITS)))
         .otherwise(pl.format("s{}", pl.col("_sig"))).alias("unit")
     ).drop("_sig")
@@ -52,6 +54,8 @@ def mapping_schema() -> dict[str, pl.DataType]:
 def mapping(rep: pl.DataFrame, layers: list, families: list) -> pl.DataFrame:
     """A representative step's labels, keyed so they reach every step of its unit."""
     return pl.DataFrame({
-        "unit": rep["unit"], "launch_rank": rep["launch_rank"], "graph_node_id": rep["graph_node_id"],
+        "unit": rep["unit"], "launch_rank": rep["launch_rank"],
+        # A graph's unit maps by node; a step's (eager or piecewise) by rank in the step.
+        "graph_node_id": rep["graph_node_id"] if str(rep["unit"][0]).startswith("g") else [None] * rep.height,
         "layer": pl.Series(layers, dtype=pl.Int64), "family": pl.Series(families, dtype=pl.String),
     }, schema=mapping_schema()).filter(pl.col("family").is_not_null())
