@@ -3,6 +3,7 @@ nothing written beside the input. A report without NVTX is not bad input."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -111,6 +112,33 @@ def test_no_decode_steps(samples_dir, tmp_path):
     path = tmp_path / "vector_add.sqlite"
     shutil.copyfile(samples_dir / "deepdive_vector_add_2023.4.sqlite", path)
     assert_bad_input(path, says="no decode steps found")
+
+
+def test_only_prefill_steps(trace_sqlite, tmp_path):
+    """The transformers Llama's eager decode loop with its vLLM step ranges renamed to
+    prefill's (`execute_context_1(N)_generation_0(0)`): no decode step, and most kernels sit in
+    prefill ranges, so the period of the kernel sequence (a layer's, in a real prefill trace) is
+    not taken as a step. A pattern that takes those ranges analyses them, one step each."""
+    path = copy_fixture(trace_sqlite, tmp_path, "hf_vllm_eager_donor")
+    with sqlite3.connect(path) as con:
+        rows = con.execute("SELECT n.rowid, COALESCE(n.text, s.value) FROM NVTX_EVENTS n "
+                           "LEFT JOIN StringIds s ON n.textId = s.id").fetchall()
+        renamed = 0
+        for rowid, text in rows:
+            if text and text.startswith("execute_context_0(0)_generation_1("):
+                step = text.removeprefix("execute_context_0(0)_generation_1(").rstrip(")")
+                con.execute("UPDATE NVTX_EVENTS SET text = ?, textId = NULL WHERE rowid = ?",
+                            (f"execute_context_1({step})_generation_0(0)", rowid))
+                renamed += 1
+    con.close()
+    assert renamed == 20
+    assert_bad_input(path, says="only prefill steps: 20 step ranges ('execute_context_1(")
+    cfg = tmp_path / "prefill.toml"
+    cfg.write_text("[steps]\nnvtx_pattern = 'execute_context_1'\n")
+    done = k3trace("analyze", str(path), "--no-cache", "--json", "--config", str(cfg))
+    assert done.returncode == 0, done.stderr
+    steps = json.loads(done.stdout)["steps"]
+    assert steps["source"] == "nvtx" and steps["total"] == renamed
 
 
 def test_invalid_config(trace_sqlite, tmp_path):

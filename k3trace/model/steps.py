@@ -48,12 +48,18 @@ def _dominant_lane(kernels: pl.DataFrame) -> tuple[tuple[int, int], int]:
     return (int(lanes["global_pid"][0]), int(lanes["device_id"][0])), lanes.height - 1
 
 
-def step_ranges(trace: Trace, cfg: Config, pid: int) -> pl.DataFrame:
-    """NVTX ranges matching the step pattern on the analysed process, in time order."""
+#: Step ranges of prefill alone (vLLM's with no generation, SGLang's EXTEND and PREFILL
+#: batches). Where the kernels sit in these and no decode step is found, the report holds
+#: no decode: the period of its kernel sequence would be a layer's, not a step's.
+PREFILL_RANGES = r"execute_(\d+_)?context_[1-9]\d*.*_generation_0\b|step\[(EXTEND|PREFILL)[^\]]*\]"
+
+
+def step_ranges(trace: Trace, cfg: Config, pid: int, pattern: str | None = None) -> pl.DataFrame:
+    """NVTX ranges matching the step pattern (or `pattern`) on the analysed process, in time order."""
     return (
         trace.nvtx.filter(
             pl.col("global_pid") == pid, pl.col("end").is_not_null(),
-            pl.col("text").str.contains(cfg.step_nvtx_pattern),
+            pl.col("text").str.contains(pattern or cfg.step_nvtx_pattern),
         )
         .sort("start")
         .select(pl.int_range(pl.len(), dtype=pl.Int64).alias("range_index"),
@@ -139,6 +145,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
         )
         signature = None
     else:
+        _refuse_prefill(trace, cfg, lane[0], eager_kernels)
         source = PERIOD
         kernels = kernels.with_columns(_period_steps(kernels).alias("step"), pl.col("start").alias("order_key"))
         signature = None
@@ -165,6 +172,24 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
         )
     return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others,
                           range_form=forms[0][0] if forms else None, range_forms=forms, range_count=ranges.height)
+
+
+def _refuse_prefill(trace: Trace, cfg: Config, pid: int, eager_kernels: pl.DataFrame) -> None:
+    """No decode step found, and most kernels were launched inside prefill step ranges."""
+    prefill = step_ranges(trace, cfg, pid, PREFILL_RANGES)
+    if prefill.is_empty():
+        return
+    inside = _in_ranges(eager_kernels, prefill).drop_nulls().len()
+    if inside * 2 < eager_kernels.height:
+        return
+    n, text = prefill.height, prefill["text"][0]
+    text = text if len(text) <= 80 else text[:77] + "..."
+    raise NoDecodeSteps(
+        f"{trace.source}: only prefill steps: {n} step range{'s' if n > 1 else ''} ({text!r}"
+        f"{' ...' if n > 1 else ''}) hold {inside} of the {eager_kernels.height} kernels, and no decode step "
+        "range or graph replay was found",
+        "profile decode iterations, or set [steps] nvtx_pattern in a --config file to take these ranges as steps",
+    )
 
 
 def pieces_per_range(kernels: pl.DataFrame, ranges: pl.DataFrame) -> float:
