@@ -335,6 +335,28 @@ def test_step_ranges_searched(trace_sqlite, tmp_path, text, form):
     assert j["labels"]["sources"]["module"] == 20 * LAYERS * 50
 
 
+def test_a_range_around_the_whole_loop_is_no_piecewise_step(trace_sqlite, tmp_path):
+    """A user's `decode_step` range around the whole decode loop holds every replay, all of one
+    graph: a loop, not piecewise graphs (whose ranges hold pieces of several graphs). Each
+    replay stays a step. (The recording's own per-step ranges are taken out first.)"""
+    path = copy_of(trace_sqlite, tmp_path, "hf_base_a")
+    db = sqlite3.connect(path)
+    strings = dict(db.execute("SELECT id, value FROM StringIds"))
+    own = [rowid for rowid, text, text_id in db.execute("SELECT rowid, text, textId FROM NVTX_EVENTS")
+           if (text or strings.get(text_id, "")).startswith("decode_step")]
+    db.executemany("DELETE FROM NVTX_EVENTS WHERE rowid = ?", [(r,) for r in own])
+    replays, tid, first, last = db.execute(
+        "SELECT COUNT(DISTINCT r.correlationId), MIN(r.globalTid), MIN(r.start), MAX(r.end) "
+        "FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN CUPTI_ACTIVITY_KIND_KERNEL k "
+        "ON k.correlationId = r.correlationId WHERE k.graphNodeId IS NOT NULL").fetchone()
+    db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, 59, ?, ?)",
+               (first - 1, last + 1, "decode_step", tid))
+    db.commit()
+    db.close()
+    a = analyze(load_report(path), load_config())
+    assert len(own) == 60 and replays > 50 and a.step_source == "graph" and a.steps.height == replays
+
+
 def test_aligned_eager_found_by_content(trace_sqlite, tmp_path):
     """The two annotated eager steps lend their labels whatever their step range is called,
     and with none at all."""

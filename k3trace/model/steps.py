@@ -193,16 +193,22 @@ def _refuse_prefill(trace: Trace, cfg: Config, pid: int, eager_kernels: pl.DataF
 
 
 def pieces_per_range(kernels: pl.DataFrame, ranges: pl.DataFrame) -> float:
-    """Median graph replays per step range, over the ranges holding one (0: no range holds
-    one). A replay's kernels share its launch: one row per replay, placed by that launch."""
+    """Median graph replays per step range, over the ranges holding one, where those replays
+    are of two or more graphs (0 otherwise). A replay's kernels share its launch: one row per
+    replay, placed by that launch. One graph replayed again and again inside a range is a
+    loop the range wraps (a user's range around the whole decode loop), not pieces of a step."""
     if ranges.is_empty():
         return 0.0
     launches = (kernels.filter(pl.col("graph_node_id").is_not_null())
                 .group_by("correlation_id").agg(pl.col("kernel_id").min(), pl.col("launch_tid").first(),
-                                                pl.col("launch_start").min())
+                                                pl.col("launch_start").min(),
+                                                (pl.col("graph_node_id").min() // (1 << 32)).alias("graph"))
                 .sort("kernel_id"))
-    per_range = launches.select(_in_ranges(launches, ranges).alias("range")).drop_nulls().group_by("range").len()
-    return float(per_range["len"].median()) if per_range.height else 0.0
+    per_range = (launches.with_columns(_in_ranges(launches, ranges).alias("range")).drop_nulls("range")
+                 .group_by("range").agg(pl.len(), pl.col("graph").n_unique().alias("graphs")))
+    if not per_range.height or per_range["graphs"].median() < 2:
+        return 0.0
+    return float(per_range["len"].median())
 
 
 def _step_table(kernels: pl.DataFrame, signature: pl.Expr | None) -> pl.DataFrame:
