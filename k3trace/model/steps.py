@@ -111,7 +111,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
         pl.col("graph_node_id").is_not_null())
     pieces = pieces_per_range(kernels, ranges) if not graph_kernels.is_empty() else 0.0
     if pieces >= 2:
-        # Piecewise CUDA graphs (vLLM's default compile mode): a step replays a graph per
+        # Piecewise CUDA graphs (vLLM's piecewise cudagraph mode): a step replays a graph per
         # piece of the model, with the attention launched eagerly between them. One replay
         # is a piece, not a step; the step range holds all of them, and every kernel, replayed
         # or eager, belongs to the range its launch sits in, in launch order.
