@@ -266,7 +266,7 @@ def test_public_replay(name, tmp_path):
 ATTENTION_KERNEL = re.compile(r"(?i)sdpa|flash|fmha|attention")
 
 
-def piecewise(events: list[dict]) -> tuple[list[dict], list[list[dict]]]:
+def piecewise(events: list[dict], ranges: bool = True) -> tuple[list[dict], list[list[dict]]]:
     """The transformers Llama's trace rewritten the way vLLM's piecewise CUDA graphs record
     a decode step: each replay cut at its attention kernels into pieces, each piece a graph
     launch of its own (the middle pieces alike, so one graph replayed seven times a step),
@@ -295,9 +295,10 @@ def piecewise(events: list[dict]) -> tuple[list[dict], list[list[dict]]]:
                 piece.append(k)
         units += [("cudaGraphLaunch", piece)] if piece else []
         slot = Decimal(str(launch["dur"])) / (len(units) + 1)
-        events.append({"ph": "X", "cat": "user_annotation", "pid": launch["pid"], "tid": launch["tid"],
-                       "name": "execute_1_context_0(sq0sk0sqsq0sqsk0)_generation_1(sq1sk1sqsq1sqsk1)",
-                       "ts": Decimal(str(launch["ts"])) - 1, "dur": Decimal(str(launch["dur"])) + 2, "args": {}})
+        events += [{"ph": "X", "cat": "user_annotation", "pid": launch["pid"], "tid": launch["tid"],
+                    "name": "execute_1_context_0(sq0sk0sqsq0sqsk0)_generation_1(sq1sk1sqsq1sqsk1)",
+                    "ts": Decimal(str(launch["ts"])) - 1, "dur": Decimal(str(launch["dur"])) + 2, "args": {}}
+                   ] if ranges else []
         for j, (call, members) in enumerate(units):
             events.append({"ph": "X", "cat": "cuda_runtime", "name": call, "pid": launch["pid"],
                            "tid": launch["tid"], "ts": Decimal(str(launch["ts"])) + (j + 1) * slot, "dur": slot / 2,
@@ -341,6 +342,22 @@ def test_piecewise_graphs_make_one_step_per_step_range(tmp_path):
     assert one["name"].to_list() == names
     assert one["layer"].to_list() == [None if x is None else x + 1 for x in layers]
     assert one["family"].to_list() == step["family"].to_list()
+    assert not any("launched eagerly between the graph replays" in n for n in a.notes + whole.notes)
+
+
+def test_piecewise_graphs_without_step_ranges_are_named(tmp_path):
+    """With no step range to join the pieces, each replay is taken as a step, and the note
+    says why that may be a piece: the attention kernels launched eagerly between replays
+    (8 a step here, 64 in all, from the raw trace)."""
+    events, steps = piecewise(raw_events(FIXTURE), ranges=False)
+    path = tmp_path / "pieces.pt.trace.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": events}, fh, default=float)
+    eager = sum(1 for s in steps for k in s if ATTENTION_KERNEL.search(k["name"]))
+    a = analyze(load_report(path), load_config())
+    assert a.step_source == "graph" and eager == 64
+    assert any(n.startswith(f"{eager} attention kernels were launched eagerly between the graph replays")
+               for n in a.notes), a.notes
 
 
 def test_qwen3_head_norms_stay_in_the_attention_half(tmp_path):

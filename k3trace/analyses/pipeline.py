@@ -240,6 +240,10 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
         notes.append(f"{r['rows']} of {r['total']} {r['table']} rows had {r['issue']} "
                      "(names that differ only past the cut read as one)")
     notes.extend(label_notes(summary))
+    if assignment.loose_attention * 2 >= steps.height:   # one a piece, but for the last piece of a step
+        notes.append(f"{assignment.loose_attention} attention kernels were launched eagerly between the graph "
+                     "replays: if these are piecewise CUDA graphs, each replay taken as a step is a piece of one; "
+                     "record with the engine's step ranges (docs/recording.md), and the range is the step")
     notes.extend(dram_notes)
     if not cfg.infers_pdl:
         notes.append(f"a {trace.platform} trace: no PDL edges are inferred (HIP has no programmatic dependent "

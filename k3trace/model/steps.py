@@ -33,6 +33,9 @@ class StepAssignment:
     range_form: str | None = None   # the most common step-range text matched, digits as N
     range_forms: tuple[tuple[str, int], ...] = ()   # every form matched, with its count
     range_count: int = 0            # step ranges matched on the analysed process
+    # Graph replays as steps with no step range, and attention kernels launched eagerly
+    # outside them: likely pieces of a step (piecewise graphs), which only ranges can join.
+    loose_attention: int = 0
 
 
 def _dominant_lane(kernels: pl.DataFrame) -> tuple[tuple[int, int], int]:
@@ -170,8 +173,20 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
             + ("; a profile of the capture alone can lend its labels to one of the replays (--labels-from)"
                if captured else ""),
         )
+    loose = 0
+    if source == GRAPH and ranges.is_empty():
+        # Between the first replay's launch and the last one's: an eager warm-up before the
+        # capture runs its attention eagerly too.
+        launched = kernels.select("step", "graph_node_id", "launch_start", "name")
+        first, last = (launched.filter(pl.col("graph_node_id").is_not_null())
+                       .select(pl.col("launch_start").min().alias("first"), pl.col("launch_start").max().alias("last"))
+                       .row(0))
+        loose = (launched.filter(pl.col("step").is_null() & pl.col("graph_node_id").is_null()
+                                 & pl.col("launch_start").is_between(first, last))
+                 .filter(pl.col("name").str.contains(cfg.attention_pattern)).height)
     return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others,
-                          range_form=forms[0][0] if forms else None, range_forms=forms, range_count=ranges.height)
+                          range_form=forms[0][0] if forms else None, range_forms=forms, range_count=ranges.height,
+                          loose_attention=loose)
 
 
 def _refuse_prefill(trace: Trace, cfg: Config, pid: int, eager_kernels: pl.DataFrame) -> None:
