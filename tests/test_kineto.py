@@ -321,6 +321,8 @@ def test_piecewise_graphs_make_one_step_per_step_range(tmp_path):
         json.dump({"traceEvents": events}, fh, default=float)
     a = analyze(load_report(path), load_config())
     assert a.step_source == "piecewise" and a.steps.height == len(steps) == 8
+    launches = [e for e in events if e.get("name") == "cudaGraphLaunch"]
+    assert a.step_range["graph_replays_per_step"] == len(launches) / len(steps) == 9
     spans = [ns(max(Decimal(str(k["ts"])) + Decimal(str(k["dur"])) for k in s)) - ns(min(Decimal(str(k["ts"]))
              for k in s)) for s in steps]
     assert a.steps["kernels"].to_list() == [len(s) for s in steps]

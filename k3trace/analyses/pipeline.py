@@ -277,7 +277,8 @@ def analyze(trace: Trace, cfg: Config, *, donor: LabelDonor | None = None, for_d
         label_summary=summary,
         layers=layer_rows,
         step_range={"form": assignment.range_form, "forms": dict(assignment.range_forms),
-                    "ranges": assignment.range_count},
+                    "ranges": assignment.range_count,
+                    **({"graph_replays_per_step": assignment.pieces} if assignment.pieces else {})},
         completeness=checked,
         step_stats={col: steptimes.quantiles_us(step_times[col])
                     for col in ("period", "span", "host", "busy", "residency")},

@@ -36,6 +36,7 @@ class StepAssignment:
     # Graph replays as steps with no step range, and attention kernels launched eagerly
     # outside them: likely pieces of a step (piecewise graphs), which only ranges can join.
     loose_attention: int = 0
+    pieces: float = 0.0             # piecewise: median graph replays in a step range
 
 
 def _dominant_lane(kernels: pl.DataFrame) -> tuple[tuple[int, int], int]:
@@ -186,7 +187,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
                  .filter(pl.col("name").str.contains(cfg.attention_pattern)).height)
     return StepAssignment(source=source, kernels=kernels, steps=steps, lane=lane, other_lanes=others,
                           range_form=forms[0][0] if forms else None, range_forms=forms, range_count=ranges.height,
-                          loose_attention=loose)
+                          loose_attention=loose, pieces=pieces if source == PIECEWISE else 0.0)
 
 
 def _refuse_prefill(trace: Trace, cfg: Config, pid: int, eager_kernels: pl.DataFrame) -> None:

@@ -155,7 +155,9 @@ def analysis_page(a: Analysis) -> str:
     pre = a.pre_attention_summary
     meta = key_values([
         ("report", printable(a.report)), ("recorded with", printable(a.recorded_with)),
-        ("steps", f"{a.stable_steps} stable of {a.steps.height} (found by {a.step_source}; dropped: "
+        ("steps", f"{a.stable_steps} stable of {a.steps.height} (found by {a.step_source}"
+                  + (f", {a.step_range['graph_replays_per_step']:g} graph replays a step"
+                     if a.step_range.get("graph_replays_per_step") else "") + "; dropped: "
                   + (", ".join(f"{n} {r}" for r, n in sorted(a.dropped.items())) or "none")
                   + (", warm-up kept" if a.config.warmup_steps == 0 else "")
                   + f"; outliers beyond median ± {a.config.mad_k:g} MAD)"),

@@ -40,9 +40,11 @@ def steps_panel(a: Analysis) -> RenderableType:
     dropped = ", ".join(f"{n} {r}" for r, n in sorted(a.dropped.items())) or "none"
     if a.config.warmup_steps == 0:
         dropped += ", warm-up kept"
+    pieces = a.step_range.get("graph_replays_per_step")
+    source = a.step_source + (f", {pieces:g} graph replays a step" if pieces else "")
     head = Text.assemble(
         (printable(a.report), "bold"), f"  {printable(a.recorded_with)}\n",
-        f"{a.stable_steps} stable steps of {a.steps.height} (source: {a.step_source}; dropped: {dropped}; "
+        f"{a.stable_steps} stable steps of {a.steps.height} (source: {source}; dropped: {dropped}; "
         f"k = {a.config.mad_k:g} MAD), {int(a.steps['kernels_expected'][0])} kernels per step",
     )
     return Panel(Group(head, t), title="decode steps", expand=False)
