@@ -21,6 +21,8 @@ from k3trace.model.frames import looked_up
 from k3trace.model.launches import capture_nodes, kernels_with_launch
 
 GRAPH, NVTX, PERIOD, PIECEWISE = "graph", "nvtx", "period", "piecewise"
+#: A replay's graph: its nodes' ids carry it above the low 32 bits (nsys and the Kineto reader alike).
+_GRAPH_OF_REPLAY = pl.col("graph_node_id").min() // (1 << 32)
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ def assign_steps(trace: Trace, cfg: Config) -> StepAssignment:
         kernels = kernels.with_columns(
             pl.when(pl.col("step").is_not_null()).then(order).otherwise(pl.col("launch_start")).alias("order_key")
         )
-        signature = (pl.col("graph_node_id").min() // (1 << 32)).cast(pl.String)
+        signature = _GRAPH_OF_REPLAY.cast(pl.String)
     elif range_index.drop_nulls().len() > 0:
         source = NVTX
         kernels = kernels.with_columns(
@@ -218,7 +220,7 @@ def pieces_per_range(kernels: pl.DataFrame, ranges: pl.DataFrame) -> float:
     launches = (kernels.filter(pl.col("graph_node_id").is_not_null())
                 .group_by("correlation_id").agg(pl.col("kernel_id").min(), pl.col("launch_tid").first(),
                                                 pl.col("launch_start").min(),
-                                                (pl.col("graph_node_id").min() // (1 << 32)).alias("graph"))
+                                                _GRAPH_OF_REPLAY.alias("graph"))
                 .sort("kernel_id"))
     per_range = (launches.with_columns(_in_ranges(launches, ranges).alias("range")).drop_nulls("range")
                  .group_by("range").agg(pl.len(), pl.col("graph").n_unique().alias("graphs")))
