@@ -823,6 +823,14 @@ campaign62)  # round 20: kda_split_v (kda_step over V quarters, the norm across 
   timeout 120 python3 bench/bench_k3_ops.py --batch 1 --cases kda_split --json $OUT/ops62_b1.json 2>&1 | grep "  "
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C83 $C84 $C72 $C83 $C84 $C72 \
     --json $OUT/step62.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign63)  # rounds 19 and 20 in one call, for a session whose device time allows one: the step first
+  # (C72 / C78 / C81 / C82 / C83 / C84, 2 rounds; JSON after every build), then both rounds' model GPU
+  # tests (reference and kernel nodes) for the builds that will be kept or not
+  timeout 380 python3 bench/bench_k3_step.py --batches 1 --replays 100 \
+    --variants $C72 $C78 $C81 $C82 $C83 $C84 $C72 $C78 $C81 $C82 $C83 $C84 $C72 \
+    --json $OUT/step63.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//'
+  timeout 190 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "c72_ahead or c72_split" 2>&1 | tee $OUT/gpu63.log | tail -3 ;;
 campaign61_rec)  # round 19: C72 and C78 at full depth with GPU metrics (200 kHz), 20 steps each, 2 runs (carry .nsys)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
