@@ -374,7 +374,7 @@ dram_profile(gm.profile.filter(pl.col("kind").is_in(["kda > moe", "moe > kda", "
 # At full depth (93 layers, 20 steps): the idle-equivalent of each segment (its time less its
 # bytes at the GEMMs' 4.6 TB/s) and the dips it is made of. The prepared builds that load the
 # next GEMM's weights during a dip (C78-C82: `moe_weights_ahead`, `mla_o_proj_ahead`, the Gluon
-# GEMMs with early slots) have not run on a GPU yet.
+# GEMMs with early slots) were measured in a later session: every one slower (the table at the end).
 
 # %%
 r19 = full["round19"]
@@ -386,13 +386,13 @@ pl.DataFrame([{"segment": k, "per_step": v["per_step"], "time_us": v["time"], "i
 pl.DataFrame([{"config": k, **v} for k, v in r19["compile_audit_sm90a"].items()], strict=False)
 
 # %% [markdown]
-# ## Round twenty: kda_step over V quarters (prepared, not measured)
+# ## Round twenty: kda_step over V quarters
 # kda_step holds 773 us of c72's critical path per step (69 calls, 2.6% hidden). Its own time
 # shows in the first session's 8-layer recordings, whose kernels triggered after their last
 # store: the fused step (one program per head) against the V-split step of kda_norm_separate
 # (four per head) and its separate norm, read live from the bundled recordings.
 # `kda_split_v` keeps the split and the norm in one kernel, the head's four programs meeting at
-# a barrier; no GPU has run it yet.
+# a barrier; measured with round nineteen (below).
 
 # %%
 kda_runs = {"fused step (baseline)": "base_a", "V-split step + norm kernel": "kda_norm_separate"}
@@ -407,3 +407,27 @@ pl.DataFrame([{"kernel": k, **v} for k, v in r20["compile_audit_sm90a_triton36"]
 
 # %%
 r20["whatif_c72_us_per_step"]
+
+# %% [markdown]
+# ## Rounds nineteen and twenty on the H200
+# One call (`campaign63`; the builds as kernels/scripts/h200_k3.sh names them): the step, unprofiled, B = 1, two rounds; then C72 / C83 again on the
+# same machine. Every build is slower than c72, so nothing is kept. `moe_weights_ahead` also fails
+# the model's reference test; `kda_split_v` is faster back to back, slower as one call.
+
+# %%
+m19 = r19["measured"]
+steps = pl.DataFrame(m19["campaign63_steps"] + m19["c72_c83_repeat_steps"])
+build = pl.col("build").str.contains
+(steps.with_columns(pl.when(build("moe.front")).then(pl.lit("C82"))
+                    .when(build("kda_split_v") & build("moe_weights_ahead")).then(pl.lit("C84"))
+                    .when(build("kda_split_v")).then(pl.lit("C83"))
+                    .when(build("mla_o_proj_ahead")).then(pl.lit("C81"))
+                    .when(build("moe_weights_ahead")).then(pl.lit("C78"))
+                    .otherwise(pl.lit("C72")).alias("build"))
+ .group_by("build", maintain_order=True)
+ .agg(pl.len().alias("runs"), pl.col("step_ms").min().alias("min_ms"), pl.col("step_ms").median().alias("median_ms"),
+      pl.col("step_ms").max().alias("max_ms"))
+ .with_columns((pl.col("median_ms") - pl.col("median_ms").first()).round(3).alias("vs_c72_ms")))
+
+# %%
+pl.DataFrame([{"case": k, "us": v} for k, v in m19["ops_us"].items()])
