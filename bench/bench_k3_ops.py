@@ -736,6 +736,69 @@ TMA_SWEEP = [(64, 256, 8, 4), (64, 256, 4, 4), (64, 128, 4, 6), (64, 128, 4, 8),
              (128, 256, 8, 3), (32, 256, 4, 6), (64, 64, 4, 8)]
 
 
+def shared_front(B: int, calls: int) -> dict[str, float]:
+    """Variant shared_front_leg at one token: the MoE head as c72 runs it ([router GEMV ->
+    router with the align] on S2 beside the front's rest on main: the skinny GEMM by TMA at
+    TMA_CONFIGS' front config, early triggers) against the rest cut in two, the latent columns
+    on main and the shared experts' on S1, forked after them. The step joins S1 at the
+    segment's end, past the routed chain; a graph must join here, so the head is timed with S1
+    joined at its end (an upper bound) and without the shared GEMM (what main pays when S1
+    streams beside later kernels). Each GEMM alone too; back to back and one call at a time."""
+    from kernels.k3.ops.common import early_trigger
+    from kernels.k3.ops.gemv import TMA_CONFIGS, gemv, skinny_mm
+    from kernels.k3.ops.moe import moe_router
+    from kernels.streams import fork, join
+
+    if B != 1:
+        return {}
+    H, W, E, L, K = 7168, 6016, 896, 3584, 16
+    copies = _copies(H * W * 2)
+    cfg = TMA_CONFIGS[(H, W - E)]
+    g = torch.Generator(device="cuda").manual_seed(41)
+    x = torch.randn(1, H, device="cuda", dtype=BF, generator=g)
+    front = [torch.randn(H, W, device="cuda", dtype=BF, generator=g) * H ** -0.5 for _ in range(copies)]
+    router_t = [f[:, :E].t().contiguous() for f in front]
+    bias = torch.randn(E, device="cuda", dtype=F32, generator=g) * 0.05
+    logits = torch.empty(1, E, device="cuda", dtype=BF)
+    rest = torch.empty(1, W - E, device="cuda", dtype=BF)
+    ids, wts = torch.empty(1, K, device="cuda", dtype=I32), torch.empty(1, K, device="cuda", dtype=F32)
+    seg = (torch.empty(K, device="cuda", dtype=I32), torch.empty(K, device="cuda", dtype=I32),
+           torch.empty(K + 1, device="cuda", dtype=I32), torch.empty(1, device="cuda", dtype=I32))
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def mm(i, lo, hi):
+        skinny_mm(x, front[i % copies][:, E + lo:E + hi], rest[:, lo:hi], tma=True, config=cfg)
+
+    def head(i, cut: bool, shared: bool = True):
+        main = torch.cuda.current_stream()
+        fork(main, s2, enabled=True)
+        with torch.cuda.stream(s2):
+            gemv(x, router_t[i % copies], logits)
+            moe_router(logits, bias, ids, wts, align=seg)
+        mm(i, 0, L if cut else W - E)
+        if cut and shared:
+            fork(main, s1, enabled=True)
+            with torch.cuda.stream(s1):
+                mm(i, L, W - E)
+        join(main, s2, enabled=True)
+        if cut and shared:
+            join(main, s1, enabled=True)
+
+    forms = {"front's rest alone": lambda i: mm(i, 0, W - E), "latent columns alone": lambda i: mm(i, 0, L),
+             "shared columns alone": lambda i: mm(i, L, W - E),
+             "c72 head: [router leg] || rest": lambda i: head(i, False),
+             "shared_front_leg head: [router leg] || latent, S1 shared joined": lambda i: head(i, True),
+             "shared_front_leg head without the shared GEMM": lambda i: head(i, True, False)}
+    res = {}
+    with early_trigger():
+        for tag, fn in forms.items():
+            res[f"{tag}, back to back"] = per_call_us(fn, calls)
+            res[f"{tag}, one call"] = single_call_us(fn, copies)
+    del front, router_t
+    torch.cuda.empty_cache()
+    return res
+
+
 def linear_tma(B: int, calls: int) -> dict[str, float]:
     """Variant linear_tma: each skinny GEMM at its committed config with pointer loads and
     with TMA, back to back and one call at a time, then TMA over TMA_SWEEP one call at a time
@@ -1446,7 +1509,9 @@ SAVINGS = {"router_fork": (92, "baseline: front GEMM -> router -> align",
            "mla_absorb_concat+mla_kv_norm_insert": (24, "c69: both legs -> reader, one call",
                                                     "mla_absorb_concat+mla_kv_norm_insert: both legs -> reader, one call"),
            "mla_gate_in_o_proj": (24, "c69: V-up -> gate_mul -> o_proj, one call",
-                                  "mla_gate_in_o_proj: V-up -> o_proj with the gate, one call")}
+                                  "mla_gate_in_o_proj: V-up -> o_proj with the gate, one call"),
+           "shared_front_leg": (92, "c72 head: [router leg] || rest, one call",
+                                "shared_front_leg head without the shared GEMM, one call")}
 
 
 CASE_OF = {"attn_res_dot": "attn_res_fused", "attn_res_early_rows": "attn_res_fused",
@@ -1492,6 +1557,7 @@ def main() -> int:
             "linear_ws": lambda: linear_ws(B, args.calls),
             "moe_hops": lambda: moe_hops(B, args.calls),
             "shared_up": lambda: shared_up(B, args.calls),
+            "shared_front_leg": lambda: shared_front(B, args.calls),
             "mla_round": lambda: mla_round(B, args.calls),
             "mla_q_skinny": lambda: mla_q_chain(B, args.calls),
             "mla_hops": lambda: mla_hops(B, args.calls),

@@ -518,17 +518,24 @@ class K3Decode:
         return None
 
     def _mm(self, subop: str, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
-            gate: torch.Tensor | None = None, after: torch.Tensor | None = None) -> None:
+            gate: torch.Tensor | None = None, after: torch.Tensor | None = None,
+            tuned_as: tuple[int, int] | None = None) -> None:
         """A dense GEMM; `after`: the weight of the GEMM that follows it on the path, past
-        latency-bound kernels, which gemm_prefetch:<MB> asks L2 for as this one ends."""
+        latency-bound kernels, which gemm_prefetch:<MB> asks L2 for as this one ends;
+        `tuned_as`: the (K, N) of the GEMM whose columns these are (shared_front_leg: the
+        front's rest), whose tuned skinny config they keep, so each column's sums are that
+        GEMM's."""
         v = self.variant
         if P.linear_is_gluon(self.cfg, v, subop, self._seg.family):
-            assert gate is None
+            assert gate is None and tuned_as is None
             self._triton(subop, skinny_ws if v.linear_ws else skinny_gl, a, w, out)
             return
         if P.linear_is_triton(self.cfg, v, subop):
             tma = v.linear_tma and (not v.linear_tma_x or a.shape[1] == self.cfg.hidden)
-            config = gemv_ops.TMA_CONFIGS.get(tuple(w.shape)) if tma and v.linear_tma_tuned else None
+            shape = tuned_as or tuple(w.shape)
+            config = gemv_ops.TMA_CONFIGS.get(shape) if tma and v.linear_tma_tuned else None
+            if config is None and tuned_as is not None:
+                config = gemv_ops.SKINNY_CONFIGS.get(tuned_as)
             ahead = (dict(next_weight=after, next_bytes=v.gemm_prefetch_mb << 20)
                      if v.gemm_prefetch_mb and after is not None else {})
             with prefetch_lines(bool(ahead) or v.prefetch_lines):  # gemm_prefetch is the line form
@@ -792,6 +799,8 @@ class K3Decode:
         seg = (s.sorted_pairs, s.seg_expert, s.seg_start, s.num_segs)
         with self._segment(l, MOE):
             in_front = P.router_in_front(cfg, v)
+            leg = P.shared_front_leg(cfg, v)
+            rest_shape = (cfg.hidden, cfg.front_width - sl["router"][1])  # the front's rest (router_fork)
             if P.router_forks(cfg, v):
                 # The router and the rest of the front are separate reads of the same
                 # weights; the rest starts right after the router columns.
@@ -807,7 +816,10 @@ class K3Decode:
                 with self._on(router):
                     self._triton(P.ROUTER_GEMV, gemv, s.x, w.router_t, s.router_logits)
                     self._route(l, w, s.router_logits)
-                self._mm(P.FRONT, s.x, w.front[:, r1:], s.front_rest)
+                if leg:  # the latent columns only; S1 takes the shared ones
+                    self._mm(P.FRONT, s.x, w.front[:, slice(*sl["latent"])], latent, tuned_as=rest_shape)
+                else:
+                    self._mm(P.FRONT, s.x, w.front[:, r1:], s.front_rest)
             else:
                 latent = s.front[:, slice(*sl["latent"])]
                 shared_gu = s.front[:, slice(*sl["shared"])]
@@ -816,6 +828,9 @@ class K3Decode:
             lat_n = s.up_in[:, :cfg.latent] if shares else s.routed_lat_n
             shared = self._fork(P.AUX1)  # shared experts on S1 in every variant
             with self._on(shared):
+                if leg:  # shared_front_leg: their gate|up columns of the front, here
+                    self._mm(P.SHARED_GATE_UP, s.x, w.front[:, slice(*sl["shared"])], shared_gu,
+                             tuned_as=rest_shape)
                 self._triton(P.SHARED_ACT, situ_mul, shared_gu, s.up_in[:, cfg.latent:] if shares else s.shared_h)
                 if not shares:
                     self._mm(P.SHARED_DOWN, s.shared_h, w.shared_down, s.shared_out)

@@ -51,6 +51,7 @@ X_PROJ = "x_proj"  # variant mla_proj_merged: q_a | kv_a | g_proj, the three GEM
 L2_PREFETCH = "l2_prefetch"  # variant prefetch_leg:<MB>: the next GEMM's weight into L2, on AUX3
 # MoE
 FRONT, SHARED_ACT, SHARED_DOWN = "front", "shared_act", "shared_down"
+SHARED_GATE_UP = "shared_gate_up"  # variant shared_front_leg: the front's shared columns, on S1
 ROUTER_GEMV = "router_gemv"
 ROUTER, ALIGN, EXPERT_GATE_UP, EXPERT_ACT, EXPERT_DOWN = (
     "router", "align", "expert_gate_up", "expert_act", "expert_down")
@@ -101,8 +102,9 @@ TRITON_KERNELS: dict[str, tuple[str, ...]] = {
 #: Variant triton_linear takes these dense GEMMs up to this batch: the wide ones, where the
 #: skinny kernel streamed 13-20% faster than cuBLAS alone on the H200 (bench_k3_ops.py
 #: --sweep); on the narrow ones (q_a, g_proj: N = 1536) it was slower, on the rest even.
+#: shared_gate_up is the front's shared columns cut out (variant shared_front_leg).
 SKINNY_MAX_B = 16
-SKINNY_SUBOPS = frozenset({"front", "qkvg", "up"})
+SKINNY_SUBOPS = frozenset({"front", "qkvg", "up", "shared_gate_up"})
 #: Variant triton_mla_proj: the MLA's narrow GEMMs (N = 576 .. 2304: too few column blocks
 #: alone), which the skinny GEMM takes split over K (gemv.MLA_SPLITS).
 MLA_SKINNY = frozenset({"q_a", "kv_a", "g_proj", "q_b"})
@@ -460,6 +462,18 @@ def router_in_front(cfg: K3Config, v: Variant) -> bool:
             and linear_is_triton(cfg, v, FRONT))
 
 
+def shared_front_leg(cfg: K3Config, v: Variant) -> bool:
+    """shared_front_leg: where the router leg forks (router_fork, B = 1; not router_in_front,
+    whose launch streams the whole front), main's front GEMM streams the latent columns only
+    and the shared experts' gate|up columns (1536 of the rest's 5120, 22 MB) become their own
+    GEMM at the head of the S1 leg, which forks after the latent GEMM as before after the
+    front. Main reaches the routed chain 22 MB sooner; S1 streams them beside the router's
+    top-k and the routed GEMMs, where the GPU metrics showed HBM below its rate (kernels/
+    README.md, round nineteen), and joins main at the end of the segment as before. The same
+    kernel on the same columns: bit for bit."""
+    return v.shared_front_leg and router_forks(cfg, v) and not router_in_front(cfg, v)
+
+
 def moe_tail_fuses(cfg: K3Config, v: Variant) -> bool:
     """moe_tail_fused: at B = 1 the up GEMM, when it is the skinny Triton GEMM
     (triton_linear), forms its operand from the down GEMM's expert rows itself (weighted
@@ -587,9 +601,10 @@ def moe_items(cfg: K3Config, v: Variant) -> list[Item]:
     elif router_forks(cfg, v):
         # Seed 003: the router logits get their own streaming GEMV on S2, so the top-k and
         # the align run there while main streams the rest of the front GEMM.
+        shared_gate_up = [_mm(SHARED_GATE_UP, AUX1)] if shared_front_leg(cfg, v) else []
         head = [Fork(AUX2), _t(ROUTER_GEMV, AUX2, "gemv"), _t(ROUTER, AUX2, "moe_router", key),
                 *([] if fused else [_t(ALIGN, AUX2, "moe_align")]),
-                _mm(FRONT, MAIN), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),
+                _mm(FRONT, MAIN), Fork(AUX1), *shared_gate_up, _t(SHARED_ACT, AUX1, "situ_mul"),
                 *shared_down, Join(AUX2)]
     else:
         head = [_mm(FRONT, MAIN), Fork(AUX1), _t(SHARED_ACT, AUX1, "situ_mul"),

@@ -75,6 +75,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "moe_weights_ahead": ("moe_weights_ahead", True),  # B = 1: the grouped GEMMs load weights before their wait
     "mla_o_proj_ahead": ("mla_o_proj_ahead", True),  # V-up and gate_mul trigger first: the o_proj launches early
     "kda_split_v": ("kda_split_v", True),  # B = 1: kda_step over V quarters, the fused norm across a barrier
+    "shared_front_leg": ("shared_front_leg", True),  # B = 1: the shared experts' front columns as S1's own GEMM
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -172,6 +173,8 @@ class Variant:
                                      # (and, as the Gluon GEMM, copies its first slots) during the FMHA's combine
     kda_split_v: bool = False        # B = 1, with the fused norm: kda_step's programs take a quarter of V each (48, not
                                      # 12), the head's four meet at a barrier for the norm's sum of squares
+    shared_front_leg: bool = False   # B = 1, with router_fork: the shared experts' gate|up columns of the front GEMM
+                                     # as their own GEMM at the head of the S1 leg, forked after the latent columns
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

@@ -265,6 +265,12 @@ C82=$C78+pdl_trigger_first+mla_o_proj_ahead@glsub=kda.o_proj,moe.up,kda.qkvg,mla
 C83=$C72+kda_split_v
 C84=$C78+pdl_trigger_first+mla_o_proj_ahead+kda_split_v@glsub=kda.o_proj,moe.up,kda.qkvg,mla.o_proj@glcfg=7168x6144:64,128,4,8,8
 
+# round 21 (on C72): the MoE front streams 22 MB of shared-expert columns on main before the routed chain can
+# start, while the GPU metrics show HBM below its rate in the routed chain's hand-overs. shared_front_leg: those
+# columns as their own GEMM at the head of the S1 leg (C85); with S1 and S2 above main's priority (C86).
+C85=$C72+shared_front_leg
+C86=$C85+side_priority
+
 case $phase in
 campaign_test)
   set -o pipefail
@@ -279,7 +285,7 @@ campaign_test)
 campaign_probe)  # 8-layer bs1 recordings of the builds named in $PROBE (name=variant ...)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
-  for nv in $PROBE; do rec k3_probe_${nv%%=*} --layers 8 --steps 40 --variant ${nv#*=}; done
+  for nv in $PROBE; do rec k3_probe_${nv%%=*} --layers 8 --steps ${STEPS:-40} --variant ${nv#*=}; done
   pack k3_probe ;;
 campaign_final)  # after the last code change: the model's GPU tests, the B = 1 chain unprofiled
   set -o pipefail
@@ -831,6 +837,14 @@ campaign63)  # rounds 19 and 20 in one call, for a session whose device time all
     --json $OUT/step63.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//'
   timeout 190 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
     -k "c72_ahead or c72_split" 2>&1 | tee $OUT/gpu63.log | tail -3 ;;
+campaign64)  # round 21 in one call: the step (C72 / C85 / C86, C72 first and set aside), shared_front_leg's case, c72
+  # and c85 at 8 layers twice each (the bundled pair; carry .nsys), then its model GPU tests
+  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C85 $C72 $C85 $C86 $C72 $C85 \
+    --json $OUT/step64.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//'
+  timeout 60 python3 bench/bench_k3_ops.py --batch 1 --cases shared_front_leg --json $OUT/ops64_b1.json 2>&1 | grep "  "
+  PROBE="c72_a=$C72 c85_a=$C85 c72_b=$C72 c85_b=$C85" STEPS=30 bash $0 campaign_probe
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "c72_leg-1 or shared_front_leg" 2>&1 | tee $OUT/gpu64.log | tail -3 ;;
 campaign61_rec)  # round 19: C72 and C78 at full depth with GPU metrics (200 kHz), 20 steps each, 2 runs (carry .nsys)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

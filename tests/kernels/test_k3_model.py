@@ -104,6 +104,8 @@ MLA_HOPS = f"{MLA_COPIES}+mla_gate_in_o_proj"
 C72_AHEAD = f"{C69}+{MLA_COPIES}+moe_weights_ahead+mla_o_proj_ahead"
 #: Round twenty: c72 with kda_step over V quarters, the norm across a barrier of the head's programs.
 C72_SPLIT = f"{C69}+{MLA_COPIES}+kda_split_v"
+#: Round twenty-one: c72 with the shared experts' front columns as their own GEMM on S1.
+C72_LEG = f"{C69}+{MLA_COPIES}+shared_front_leg"
 
 
 def run_steps(model, n: int) -> dict[str, torch.Tensor]:
@@ -289,6 +291,18 @@ def test_mla_gate_in_o_proj_bitwise_to_the_skinny_o_proj(batch):
     base = "triton_linear+triton_o_proj"
     assert_same(run_steps(K3Decode(cfg, parse(base), "cpu"), 1),
                 run_steps(K3Decode(cfg, parse(f"{base}+mla_gate_in_o_proj"), "cpu"), 1))
+
+
+@cpu
+@pytest.mark.parametrize("head", ["router_fork+triton_linear+linear_tma+linear_tma_x+linear_tma_tuned",
+                                  "router_fork+triton_linear", "router_fork"])
+def test_shared_front_leg_bitwise(head):
+    # The front's shared columns by their own GEMM on S1, at the front's config: each column's
+    # sums are the front's, so outputs, banks and state bit for bit (skinny Triton GEMM by TMA
+    # and by pointer loads; and the CPU's mm on the two column slices).
+    one = TINY_BLOCKS.with_(batch=1)
+    assert_same(run_steps(K3Decode(one, parse(head), "cpu"), 1),
+                run_steps(K3Decode(one, parse(f"{head}+shared_front_leg"), "cpu"), 1))
 
 
 @cpu
@@ -586,7 +600,8 @@ def test_gpu_side_priority_raises_the_side_streams():
                                   "router_multipass+mla_epilogue_split", CAMPAIGN, DOWN_MIXED, ONE_PASS, DOWN_ATOMIC,
                                   SITU_GATE_UP, SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"),
                                   pytest.param(C68, id="c68"), pytest.param(C69, id="c69"),
-                                  pytest.param(C72_AHEAD, id="c72_ahead"), pytest.param(C72_SPLIT, id="c72_split")])
+                                  pytest.param(C72_AHEAD, id="c72_ahead"), pytest.param(C72_SPLIT, id="c72_split"),
+                                  pytest.param(C72_LEG, id="c72_leg")])
 def test_gpu_graph_kernel_nodes_match_plan(batch, name):
     model = gpu_model(batch, name)
     graph = capture(model)
@@ -611,7 +626,7 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
                                   SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"), pytest.param(C68, id="c68"),
                                   pytest.param(C69, id="c69"), pytest.param(C72_AHEAD, id="c72_ahead"),
-                                  pytest.param(C72_SPLIT, id="c72_split")])
+                                  pytest.param(C72_SPLIT, id="c72_split"), pytest.param(C72_LEG, id="c72_leg")])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()
@@ -698,6 +713,14 @@ def test_gpu_c24_variants_bitwise(batch):
     for extra in ("pdl_trigger_first", "linear_prefetch:16", "linear_prefetch:16+pdl_trigger_first",
                   "linear_tma_x"):
         assert_same(base, gpu_replay_outputs(batch, f"{C24}+{extra}", steps=3))
+
+
+@gpu
+@needs_cuda
+def test_gpu_shared_front_leg_bitwise():
+    # The shared columns by their own skinny GEMM on S1 (TMA, the front's config) against the
+    # front that held them, in c49 (no atomic down GEMM, so its replays repeat bit for bit).
+    assert_same(gpu_replay_outputs(1, GLUON), gpu_replay_outputs(1, f"{GLUON}+shared_front_leg"))
 
 
 @gpu

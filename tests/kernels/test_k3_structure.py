@@ -303,6 +303,27 @@ def test_router_in_front_takes_the_router_leg_into_the_front():
         assert P.build_plan(cfg, parse(name + "+router_in_front")).segments == P.build_plan(cfg, parse(name)).segments
 
 
+def test_shared_front_leg_moves_the_shared_columns_to_s1():
+    # On router_fork at B = 1: one GEMM more per MoE layer, the shared experts' gate|up columns
+    # at the head of the S1 leg, which still forks right after main's front GEMM; main's front
+    # keeps its place. At B = 8 (no router fork) or under router_in_front it does not apply.
+    for head in ("router_fork", "router_fork+triton_linear"):
+        base, p = P.build_plan(FULL, parse(head)), P.build_plan(FULL, parse(head + "+shared_front_leg"))
+        assert p.triton_kernels + p.cublas_calls - base.triton_kernels - base.cublas_calls == 92
+        for seg in (s for s in p.segments if s.family == "moe"):
+            order = [(type(i).__name__, getattr(i, "subop", getattr(i, "side", ""))) for i in seg.items]
+            fork = order.index(("Fork", P.AUX1))
+            assert order[fork - 1] == ("Launch", P.FRONT) and order[fork + 1] == ("Launch", P.SHARED_GATE_UP)
+            on = {l.subop: l.stream for l in seg.launches}
+            assert on[P.FRONT] == P.MAIN and on[P.SHARED_GATE_UP] == on[P.SHARED_ACT] == P.AUX1
+    skinny = P.build_plan(FULL, parse("router_fork+triton_linear+shared_front_leg"))
+    assert skinny.triton_kernel_names()["skinny_mm_kernel"] - P.build_plan(
+        FULL, parse("router_fork+triton_linear")).triton_kernel_names()["skinny_mm_kernel"] == 92
+    front = "router_fork+router_align_fused+triton_linear+router_in_front"
+    for cfg, name in ((FULL.with_(batch=8), "router_fork"), (FULL, front), (FULL, "triton_linear")):
+        assert P.build_plan(cfg, parse(name + "+shared_front_leg")).segments == P.build_plan(cfg, parse(name)).segments
+
+
 def test_attn_res_in_o_proj_drops_the_pre_mlp_score():
     # On triton_linear + triton_o_proj + attn_res_dot at B = 1: every layer's pre-MLP score
     # launch goes (its work is in the o_proj's epilogue), the pre-attention ones stay; at
