@@ -837,14 +837,21 @@ campaign63)  # rounds 19 and 20 in one call, for a session whose device time all
     --json $OUT/step63.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//'
   timeout 190 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
     -k "c72_ahead or c72_split" 2>&1 | tee $OUT/gpu63.log | tail -3 ;;
-campaign64)  # round 21 in one call: the step (C72 / C85 / C86, C72 first and set aside), shared_front_leg's case, c72
-  # and c85 at 8 layers twice each (the bundled pair; carry .nsys), then its model GPU tests
-  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C85 $C72 $C85 $C86 $C72 $C85 \
+campaign64)  # round 21 in one call, most needed first (a cut-short call keeps what it reached): the step (C72 / C85
+  # / C86, C72 first and set aside), the model GPU tests, shared_front_leg's case, then c85 and c72 at 8 layers
+  # (the bundled pair; carry .nsys), each packed as soon as it is recorded. LEAN=1: C86 and the second round go
+  if [ -n "${LEAN:-}" ]; then builds="$C72 $C85 $C72 $C85 $C72 $C85"; else builds="$C72 $C85 $C72 $C85 $C86 $C72 $C85"; fi
+  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $builds \
     --json $OUT/step64.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//'
-  timeout 60 python3 bench/bench_k3_ops.py --batch 1 --cases shared_front_leg --json $OUT/ops64_b1.json 2>&1 | grep "  "
-  PROBE="c72_a=$C72 c85_a=$C85 c72_b=$C72 c85_b=$C85" STEPS=30 bash $0 campaign_probe
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
-    -k "c72_leg-1 or shared_front_leg" 2>&1 | tee $OUT/gpu64.log | tail -3 ;;
+    -k "c72_leg-1 or shared_front_leg" 2>&1 | tee $OUT/gpu64.log | tail -3
+  timeout 60 python3 bench/bench_k3_ops.py --batch 1 --cases shared_front_leg --json $OUT/ops64_b1.json 2>&1 | grep "  "
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  for nv in c85=$C85 c72=$C72; do
+    mkdir -p /tmp/rec && rm -f /tmp/rec/*
+    rec k3_probe_${nv%%=*} --layers 8 --steps 30 --variant ${nv#*=}
+    pack k3_probe_${nv%%=*}
+  done ;;
 campaign61_rec)  # round 19: C72 and C78 at full depth with GPU metrics (200 kHz), 20 steps each, 2 runs (carry .nsys)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
