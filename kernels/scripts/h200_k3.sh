@@ -839,12 +839,13 @@ campaign63)  # rounds 19 and 20 in one call, for a session whose device time all
     -k "c72_ahead or c72_split" 2>&1 | tee $OUT/gpu63.log | tail -3 ;;
 campaign64)  # round 21 in one call, most needed first (a cut-short call keeps what it reached): the step (C72 / C85
   # / C86, C72 first and set aside), the model GPU tests, shared_front_leg's case, then c85 and c72 at 8 layers
-  # (the bundled pair; carry .nsys), each packed as soon as it is recorded. LEAN=1: C86 and the second round go
+  # (the bundled pair; carry .nsys), each packed as soon as it is recorded. LEAN=1: C86 goes; LEAN=2: all after the tests
   if [ -n "${LEAN:-}" ]; then builds="$C72 $C85 $C72 $C85 $C72 $C85"; else builds="$C72 $C85 $C72 $C85 $C86 $C72 $C85"; fi
-  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $builds \
+  timeout ${STEP_S:-240} python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $builds \
     --json $OUT/step64.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//'
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
     -k "c72_leg-1 or shared_front_leg" 2>&1 | tee $OUT/gpu64.log | tail -3
+  [ "${LEAN:-}" = 2 ] && exit 0  # LEAN=2: the step and the tests only
   timeout 60 python3 bench/bench_k3_ops.py --batch 1 --cases shared_front_leg --json $OUT/ops64_b1.json 2>&1 | grep "  "
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   for nv in c85=$C85 c72=$C72; do
