@@ -736,6 +736,11 @@ TMA_SWEEP = [(64, 256, 8, 4), (64, 256, 4, 4), (64, 128, 4, 6), (64, 128, 4, 8),
              (128, 256, 8, 3), (32, 256, 4, 6), (64, 64, 4, 8)]
 
 
+#: shared_front_leg's small S1 form (gemv.SHARED_LEG): 20 KB of shared memory per program at two
+#: stages (compile audit), 96 programs, so that it fits beside the routed gate|up GEMM's programs.
+LEG_SMALL = ((64, 128, 4, 2), 4)
+
+
 def shared_front(B: int, calls: int) -> dict[str, float]:
     """Variant shared_front_leg at one token: the MoE head as c72 runs it ([router GEMV ->
     router with the align] on S2 beside the front's rest on main: the skinny GEMM by TMA at
@@ -745,7 +750,7 @@ def shared_front(B: int, calls: int) -> dict[str, float]:
     joined at its end (an upper bound) and without the shared GEMM (what main pays when S1
     streams beside later kernels). Each GEMM alone too; back to back and one call at a time."""
     from kernels.k3.ops.common import early_trigger
-    from kernels.k3.ops.gemv import TMA_CONFIGS, gemv, skinny_mm
+    from kernels.k3.ops.gemv import TMA_CONFIGS, alloc_split_k, gemv, skinny_mm
     from kernels.k3.ops.moe import moe_router
     from kernels.streams import fork, join
 
@@ -766,10 +771,17 @@ def shared_front(B: int, calls: int) -> dict[str, float]:
            torch.empty(K + 1, device="cuda", dtype=I32), torch.empty(1, device="cuda", dtype=I32))
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
 
-    def mm(i, lo, hi):
-        skinny_mm(x, front[i % copies][:, E + lo:E + hi], rest[:, lo:hi], tma=True, config=cfg)
+    leg_cfg, leg_split = LEG_SMALL
+    buf = alloc_split_k(H, "cuda")
 
-    def head(i, cut: bool, shared: bool = True):
+    def mm(i, lo, hi, small: bool = False):
+        if small:  # gemv.SHARED_LEG's form: a small config split over K
+            skinny_mm(x, front[i % copies][:, E + lo:E + hi], rest[:, lo:hi], tma=True, config=leg_cfg,
+                      split_k=buf, splits=leg_split)
+        else:
+            skinny_mm(x, front[i % copies][:, E + lo:E + hi], rest[:, lo:hi], tma=True, config=cfg)
+
+    def head(i, cut: bool, shared: bool = True, small: bool = False):
         main = torch.cuda.current_stream()
         fork(main, s2, enabled=True)
         with torch.cuda.stream(s2):
@@ -779,7 +791,7 @@ def shared_front(B: int, calls: int) -> dict[str, float]:
         if cut and shared:
             fork(main, s1, enabled=True)
             with torch.cuda.stream(s1):
-                mm(i, L, W - E)
+                mm(i, L, W - E, small)
         join(main, s2, enabled=True)
         if cut and shared:
             join(main, s1, enabled=True)
@@ -788,7 +800,9 @@ def shared_front(B: int, calls: int) -> dict[str, float]:
              "shared columns alone": lambda i: mm(i, L, W - E),
              "c72 head: [router leg] || rest": lambda i: head(i, False),
              "shared_front_leg head: [router leg] || latent, S1 shared joined": lambda i: head(i, True),
-             "shared_front_leg head without the shared GEMM": lambda i: head(i, True, False)}
+             "shared_front_leg head without the shared GEMM": lambda i: head(i, True, False),
+             f"shared columns alone at {LEG_SMALL}": lambda i: mm(i, L, W - E, True),
+             f"shared_front_leg head, S1 at {LEG_SMALL}": lambda i: head(i, True, small=True)}
     res = {}
     with early_trigger():
         for tag, fn in forms.items():

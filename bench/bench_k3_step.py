@@ -100,6 +100,7 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     - front=BN,BK,WARPS,STAGES/SR,SF: router_in_front's config and splits;
     - downmix=BN,BK,WARPS,STAGES: moe_down_mixed's config;
     - split=BN,BK,WARPS,STAGES/SPLIT: under linear_split_k, the MoE front's rest (7168 x 5120);
+    - leg=BN,BK,WARPS,STAGES/SPLIT: shared_front_leg's S1 GEMM (gemv.SHARED_LEG);
     - tailmma=1|2: moe_tail_mma's sum of squares (gemv.TAIL_MMA);
     - glsub=o_proj,front: linear_gluon's GEMMs (plan.GLUON_SUBOPS);
     - mlasub=q_b,kv_a: triton_mla_proj's GEMMs (plan.MLA_SKINNY);
@@ -126,6 +127,9 @@ def overrides(spec: dict[str, str], skinny_table: str) -> ExitStack:
     if "split" in spec:
         cfg, split = spec["split"].split("/")
         stack.enter_context(patched(gemv, SKINNY_SPLITS={**gemv.SKINNY_SPLITS, (7168, 5120): (_ints(cfg), int(split))}))
+    if "leg" in spec:
+        cfg, split = spec["leg"].split("/")
+        stack.enter_context(patched(gemv, SHARED_LEG=(_ints(cfg), int(split))))
     if "tailmma" in spec:
         stack.enter_context(patched(gemv, TAIL_MMA=int(spec["tailmma"])))
     if "glsub" in spec:

@@ -271,6 +271,8 @@ class K3Decode:
                          for label in (P.MAIN, P.AUX1, P.AUX2)} if splits else {}
         if P.router_in_front(cfg, variant):  # the front's own split-K buffers: main's
             self._split_k.setdefault(P.MAIN, alloc_split_k(max(cfg.hidden, cfg.front_width), self.device))
+        if P.shared_front_leg(cfg, variant):  # SHARED_LEG may split the S1 GEMM
+            self._split_k.setdefault(P.AUX1, alloc_split_k(max(cfg.hidden, cfg.front_width), self.device))
             self.front_router_done = alloc_front_router_done(self.device)
         # attn_res_wide: the pair's column chunk (0: attn_res's default)
         self.attn_res_block_h = WIDE_BLOCK_H if P.attn_res_wide(cfg, variant) else 0
@@ -829,8 +831,7 @@ class K3Decode:
             shared = self._fork(P.AUX1)  # shared experts on S1 in every variant
             with self._on(shared):
                 if leg:  # shared_front_leg: their gate|up columns of the front, here
-                    self._mm(P.SHARED_GATE_UP, s.x, w.front[:, slice(*sl["shared"])], shared_gu,
-                             tuned_as=rest_shape)
+                    self._shared_gate_up(w.front[:, slice(*sl["shared"])], shared_gu, rest_shape)
                 self._triton(P.SHARED_ACT, situ_mul, shared_gu, s.up_in[:, cfg.latent:] if shares else s.shared_h)
                 if not shares:
                     self._mm(P.SHARED_DOWN, s.shared_h, w.shared_down, s.shared_out)
@@ -903,6 +904,19 @@ class K3Decode:
                 self._triton(P.ADD3, add3, self._partial(l), s.routed_out, s.shared_out)
             self._all_reduce()
             self._end_prefetch_leg(l)
+
+    def _shared_gate_up(self, w: torch.Tensor, out: torch.Tensor, rest_shape: tuple[int, int]) -> None:
+        """shared_front_leg's GEMM on S1: at the front's config (gemv.SHARED_LEG None), or as the
+        skinny GEMM at SHARED_LEG's config split over K, small enough to sit beside main's
+        grouped GEMM programs."""
+        leg = gemv_ops.SHARED_LEG
+        if leg is None or not P.linear_is_triton(self.cfg, self.variant, P.SHARED_GATE_UP):
+            self._mm(P.SHARED_GATE_UP, self.s.x, w, out, tuned_as=rest_shape)
+            return
+        config, splits = leg
+        tma = self.variant.linear_tma and config[0] * w.element_size() >= 128
+        self._triton(P.SHARED_GATE_UP, skinny_mm, self.s.x, w, out, config=config, tma=tma,
+                     split_k=self._split_k[P.AUX1] if splits > 1 else None, splits=splits)
 
     def _up(self, l: int, w: MoELayer, s, lat_n: torch.Tensor, shared, shares: bool) -> None:
         """The MoE up GEMM; under shared_in_up it reads [normed latent | shared h] (S1's output

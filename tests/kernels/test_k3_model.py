@@ -725,6 +725,17 @@ def test_gpu_shared_front_leg_bitwise():
 
 @gpu
 @needs_cuda
+def test_gpu_shared_front_leg_small_split_matches_reference(monkeypatch):
+    # The S1 GEMM at a small config split over K (gemv.SHARED_LEG): fp32 partials in another
+    # order, so against the reference, as the other near builds.
+    from kernels.k3.ops import gemv as gemv_ops
+
+    monkeypatch.setattr(gemv_ops, "SHARED_LEG", ((64, 128, 4, 2), 4))
+    test_gpu_matches_reference(1, C72_LEG)
+
+
+@gpu
+@needs_cuda
 def test_gpu_situ_in_gate_up_bitwise():
     # The same h from one kernel instead of two: c49's replayed outputs bit for bit (c49, not
     # DOWN_ATOMIC, whose atomic sums vary in their last bits from run to run).

@@ -305,6 +305,14 @@ SKINNY_SPLITS: dict[tuple[int, int], tuple[tuple[int, int, int, int], int]] = {
     (7168, 3648): ((64, 128, 4, 4), 4),   # mla_proj_merged   18.0 -> 15.4 us
     # qkvg (7168, 6144) and up (3584, 7168) were slower split (23.4 against 22.7 us, 15.2 against 14.2)
 }
+#: Variant shared_front_leg: the S1 leg's GEMM over the front's shared columns as (config,
+#: split), or None for the front's rest's own config, unsplit (its columns' sums bit for bit).
+#: That config holds 120 KB of shared memory per program (compile audit, sm_90a): beside the
+#: routed gate|up GEMM's two 80 KB programs per SM it finds no room, as the shared experts'
+#: cuBLAS down GEMM after it on S1 likely found none for 17 us in c72's trace (kernels/README.md,
+#: round twenty-one). A small config split over K fits beside them (64, 128, 4, 2 x4: 20 KB);
+#: bench_k3_step.py's `@leg=BN,BK,WARPS,STAGES/SPLIT` sets one.
+SHARED_LEG: tuple[tuple[int, int, int, int], int] | None = None
 SPLIT_MAX = 16  # router_in_front splits its router columns up to 16 ways
 #: Variant triton_mla_proj: the MLA's narrow GEMMs, always split (q_a / g_proj from the split
 #: sweep, 21.3 -> 9.0 us against cuBLAS's 10.7; kv_a and q_b by the same rule, not swept).
