@@ -271,9 +271,9 @@ class K3Decode:
                          for label in (P.MAIN, P.AUX1, P.AUX2)} if splits else {}
         if P.router_in_front(cfg, variant):  # the front's own split-K buffers: main's
             self._split_k.setdefault(P.MAIN, alloc_split_k(max(cfg.hidden, cfg.front_width), self.device))
+            self.front_router_done = alloc_front_router_done(self.device)
         if P.shared_front_leg(cfg, variant):  # SHARED_LEG may split the S1 GEMM
             self._split_k.setdefault(P.AUX1, alloc_split_k(max(cfg.hidden, cfg.front_width), self.device))
-            self.front_router_done = alloc_front_router_done(self.device)
         # attn_res_wide: the pair's column chunk (0: attn_res's default)
         self.attn_res_block_h = WIDE_BLOCK_H if P.attn_res_wide(cfg, variant) else 0
         self.attn_res_scores = alloc_attn_res_scores(self.bank, self.attn_res_block_h)
