@@ -129,6 +129,25 @@ FRONT_ROUTER_SWEEP = [(c, sp) for c in ((64, 128, 4, 4), (64, 128, 8, 4), (64, 2
                       for sp in ((8, 2), (16, 2), (16, 3), (12, 2), (8, 3))]
 
 
+def _moe_head(seed: int) -> tuple:
+    """One token's MoE head at the K3 shapes: weight copies (past the L2), x, the front copies and
+    their router columns transposed (the GEMV's), the router bias, the logits, the front's rest,
+    the top-k ids and weights and the align's four outputs."""
+    H, W, E, K = 7168, 6016, 896, 16
+    copies = _copies(H * W * 2)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(1, H, device="cuda", dtype=BF, generator=g)
+    front = [torch.randn(H, W, device="cuda", dtype=BF, generator=g) * H ** -0.5 for _ in range(copies)]
+    router_t = [f[:, :E].t().contiguous() for f in front]
+    bias = torch.randn(E, device="cuda", dtype=F32, generator=g) * 0.05
+    logits = torch.empty(1, E, device="cuda", dtype=BF)
+    rest = torch.empty(1, W - E, device="cuda", dtype=BF)
+    ids, wts = torch.empty(1, K, device="cuda", dtype=I32), torch.empty(1, K, device="cuda", dtype=F32)
+    seg = (torch.empty(K, device="cuda", dtype=I32), torch.empty(K, device="cuda", dtype=I32),
+           torch.empty(K + 1, device="cuda", dtype=I32), torch.empty(1, device="cuda", dtype=I32))
+    return copies, x, front, router_t, bias, logits, rest, ids, wts, seg
+
+
 def front_router(B: int, calls: int) -> dict[str, float]:
     """The MoE head at one token as c20 runs it (router_fork + router_align_fused +
     triton_linear: [router GEMV -> router with the align] on S2 beside the skinny rest of the
@@ -140,18 +159,8 @@ def front_router(B: int, calls: int) -> dict[str, float]:
     from kernels.streams import fork, join
 
     assert B == 1, "router_in_front is a one-token variant"
-    H, W, E, K = 7168, 6016, 896, 16
-    copies = _copies(H * W * 2)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(1, H, device="cuda", dtype=BF, generator=g)
-    front = [torch.randn(H, W, device="cuda", dtype=BF, generator=g) * H ** -0.5 for _ in range(copies)]
-    router_t = [f[:, :E].t().contiguous() for f in front]
-    bias = torch.randn(E, device="cuda", dtype=F32, generator=g) * 0.05
-    logits = torch.empty(1, E, device="cuda", dtype=BF)
-    rest = torch.empty(1, W - E, device="cuda", dtype=BF)
-    ids, wts = torch.empty(1, K, device="cuda", dtype=I32), torch.empty(1, K, device="cuda", dtype=F32)
-    seg = (torch.empty(K, device="cuda", dtype=I32), torch.empty(K, device="cuda", dtype=I32),
-           torch.empty(K + 1, device="cuda", dtype=I32), torch.empty(1, device="cuda", dtype=I32))
+    H, E = 7168, 896
+    copies, x, front, router_t, bias, logits, rest, ids, wts, seg = _moe_head(0)
     buf, done = alloc_split_k(H, "cuda"), alloc_front_router_done("cuda")
     s2 = torch.cuda.Stream()
 
@@ -756,19 +765,9 @@ def shared_front(B: int, calls: int) -> dict[str, float]:
 
     if B != 1:
         return {}
-    H, W, E, L, K = 7168, 6016, 896, 3584, 16
-    copies = _copies(H * W * 2)
+    H, W, E, L = 7168, 6016, 896, 3584
     cfg = TMA_CONFIGS[(H, W - E)]
-    g = torch.Generator(device="cuda").manual_seed(41)
-    x = torch.randn(1, H, device="cuda", dtype=BF, generator=g)
-    front = [torch.randn(H, W, device="cuda", dtype=BF, generator=g) * H ** -0.5 for _ in range(copies)]
-    router_t = [f[:, :E].t().contiguous() for f in front]
-    bias = torch.randn(E, device="cuda", dtype=F32, generator=g) * 0.05
-    logits = torch.empty(1, E, device="cuda", dtype=BF)
-    rest = torch.empty(1, W - E, device="cuda", dtype=BF)
-    ids, wts = torch.empty(1, K, device="cuda", dtype=I32), torch.empty(1, K, device="cuda", dtype=F32)
-    seg = (torch.empty(K, device="cuda", dtype=I32), torch.empty(K, device="cuda", dtype=I32),
-           torch.empty(K + 1, device="cuda", dtype=I32), torch.empty(1, device="cuda", dtype=I32))
+    copies, x, front, router_t, bias, logits, rest, ids, wts, seg = _moe_head(41)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
 
     leg_cfg, leg_split = LEG_SMALL
