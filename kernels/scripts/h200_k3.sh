@@ -855,7 +855,10 @@ campaign64)  # round 21 in one call, most needed first (a cut-short call keeps w
     mkdir -p /tmp/rec && rm -f /tmp/rec/*
     rec k3_probe_${nv%%=*} --layers 8 --steps 30 --variant ${nv#*=}
     pack k3_probe_${nv%%=*}
-  done ;;
+  done
+  # round 19's c72_ahead reference failure, one switch at a time (moe_weights_ahead, mla_o_proj_ahead)
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
+    -k "c72_ahead_moe-1 or c72_ahead_mla-1" 2>&1 | tee $OUT/gpu64_ahead.log | tail -3 ;;
 campaign61_rec)  # round 19: C72 and C78 at full depth with GPU metrics (200 kHz), 20 steps each, 2 runs (carry .nsys)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

@@ -102,6 +102,10 @@ MLA_COPIES = "mla_absorb_concat+mla_kv_norm_insert"
 MLA_HOPS = f"{MLA_COPIES}+mla_gate_in_o_proj"
 #: Round nineteen: the campaign build c72 with the grouped GEMMs' weights loaded before their wait.
 C72_AHEAD = f"{C69}+{MLA_COPIES}+moe_weights_ahead+mla_o_proj_ahead"
+#: Each of round nineteen's two switches alone, to tell which one c72_ahead's reference failure
+#: at layer 4 (the test model's first MLA layer) comes from.
+C72_AHEAD_MOE = f"{C69}+{MLA_COPIES}+moe_weights_ahead"
+C72_AHEAD_MLA = f"{C69}+{MLA_COPIES}+mla_o_proj_ahead"
 #: Round twenty: c72 with kda_step over V quarters, the norm across a barrier of the head's programs.
 C72_SPLIT = f"{C69}+{MLA_COPIES}+kda_split_v"
 #: Round twenty-one: c72 with the shared experts' front columns as their own GEMM on S1.
@@ -638,7 +642,9 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
                                   SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"), pytest.param(C68, id="c68"),
                                   pytest.param(C69, id="c69"), pytest.param(C72_AHEAD, id="c72_ahead"),
-                                  pytest.param(C72_SPLIT, id="c72_split"), pytest.param(C72_LEG, id="c72_leg")])
+                                  pytest.param(C72_SPLIT, id="c72_split"), pytest.param(C72_LEG, id="c72_leg"),
+                                  pytest.param(C72_AHEAD_MOE, id="c72_ahead_moe"),
+                                  pytest.param(C72_AHEAD_MLA, id="c72_ahead_mla")])
 def test_gpu_matches_reference(batch, name):
     model = gpu_model(batch, name)
     start = model.snapshot()
