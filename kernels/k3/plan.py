@@ -470,7 +470,8 @@ def shared_front_leg(cfg: K3Config, v: Variant) -> bool:
     front. Main reaches the routed chain 22 MB sooner; S1 streams them beside the router's
     top-k and the routed GEMMs, where the GPU metrics showed HBM below its rate (kernels/
     README.md, round nineteen), and joins main at the end of the segment as before. The same
-    kernel on the same columns: bit for bit."""
+    kernel on the same columns at the front's config: bit for bit (at gemv.SHARED_LEG's small
+    config split over K: near)."""
     return v.shared_front_leg and router_forks(cfg, v) and not router_in_front(cfg, v)
 
 
