@@ -24,6 +24,7 @@ import polars as pl
 import pytest
 
 from k3trace.diff import diff
+from k3trace.diff.coupling import REASONS
 from k3trace.render.terminal import diff_markdown, render_diff
 from k3trace.diff.noise import FASTER, SLOWER, WITHIN_NOISE
 
@@ -365,7 +366,9 @@ def test_early_trigger_rows_that_traded_are_read_together(analysis, ref):
     # than the largest of them.
     seen = set()
     for g in d.read_together():
-        assert g["reason"] == "traded"  # no kernel was replaced: no replacement's rest to read
+        assert g["reason"] != "released"  # no kernel was replaced: no replacement's rest to read
+        # A join moved by the timing alone goes with the row that moved it (the S1 shared down GEMM).
+        assert g["reason"] == "traded" or any(r["kind"] == "dependency" for r in g["rows"])
         values = [r["contribution_us"] for r in g["rows"]]
         assert len(values) >= 2 and min(values) < 0 < max(values) and min(map(abs, values)) > band
         assert g["sum_us"] == pytest.approx(sum(values)) and abs(g["sum_us"]) < max(map(abs, values))
@@ -656,3 +659,45 @@ def test_copies_off_two_co_critical_legs(analysis, ref):
     removed_us = kernel_time_us(ref("k3_bs1_c69"), {"mla_q_concat_kernel"})
     assert -removal["contribution_us"] <= removed_us   # at most the copies' own time per step
     assert total(rows(d, kind="duration", family="mla", edit="mla_decode_fmha_kernel")) > 0
+
+
+def test_a_join_inferred_from_timing_is_read_with_the_leg_that_moved_it(analysis, ref):
+    # shared_front_leg (c72 -> c85, recorded on the H100): the shared experts' gate|up columns
+    # leave main's MoE front for a GEMM of their own at the head of S1's leg. S1's leg grows
+    # past the start of the latent norm and the up GEMM after it, which never wait on S1 (its
+    # join is later, at the residual): in c72 its shared down GEMM ended before the norm
+    # started, so by METRICS.md's rule (the latest-ending kernel of another stream that ended
+    # before it) the norm took it as its join; in c85 it ends after the up GEMM has started.
+    old, new = "k3_bs1_c72_h100", "k3_bs1_c85_h100"
+
+    def moe_layers(r):
+        out = []
+        for s in r.stable:
+            for layer in sorted({k.layer for k in s.kernels if k.family == "moe"}):
+                ks = [k for k in s.kernels if k.family == "moe" and k.layer == layer]
+                down = [k for k in ks if k.name.startswith("nvjet")]
+                norm = [k for k in ks if k.name == "rmsnorm_kernel"]
+                up = [k for k in ks if k.name == "skinny_mm_kernel"][-1:]
+                if len(down) == len(norm) == len(up) == 1:
+                    out.append((down[0], norm[0], up[0]))
+        return out
+
+    before, after = moe_layers(ref(old)), moe_layers(ref(new))
+    assert before and after
+    assert all(d.end <= n.start for d, n, _ in before)  # c72: S1 ends before the norm starts
+    crossed = sum(d.end > u.start for d, _, u in after)  # c85: after the up GEMM has started
+    assert crossed >= 0.9 * len(after), (crossed, len(after))
+    d = diff([analysis(old)], [analysis(new)])
+    check_replay(d)
+    band = d.span_noise_band_us
+    join = rows(d, kind="dependency", family="moe").filter(pl.col("detail").str.contains("join"))
+    assert join.height == 1 and join["contribution_us"][0] < -10 * band
+    groups = [g for g in d.read_together() if "joined" in g["reasons"]]
+    assert len(groups) == 1
+    g = groups[0]
+    members = {(r["edit"], r["kind"]) for r in g["rows"]}
+    assert (join["edit"][0], "dependency") in members and ("situ_mul_kernel", "duration") in members
+    values = [r["contribution_us"] for r in g["rows"]]
+    assert g["sum_us"] == pytest.approx(sum(values)) and abs(g["sum_us"]) <= max(map(abs, values)) / 2
+    # The reports name the join's reason beside the group.
+    assert REASONS["joined"] in diff_markdown(d)

@@ -19,7 +19,7 @@ import polars as pl
 from k3trace.analyses import Analysis
 from k3trace.diff import noise
 from k3trace.diff.attribution import Attribution, attribute
-from k3trace.diff.coupling import FLOOR_NS
+from k3trace.diff.coupling import FLOOR_NS, REASONS
 from k3trace.diff.edits import STRUCTURE
 from k3trace.diff.matching import ADDED, MATCHED, ONLY_NEW, ONLY_OLD, REMOVED, match_nodes
 from k3trace.diff.segments import segment_table, windows_total
@@ -171,13 +171,15 @@ class Diff:
         """The groups of attribution rows whose recorded time moved across PDL edges
         (coupling.py): a replacement's released rows first, then traded rows, each kind by its
         largest row: each its `rows` (edit, kind, family, layers, contribution_us, by
-        |contribution|), `sum_us`, what the trace supports for them together, and `reason`
-        ("released" or "traded", coupling.REASONS)."""
+        |contribution|), `sum_us`, what the trace supports for them together, `reasons` (of
+        coupling.REASONS, in its order: "released", "joined", "traded") and `reason`, the
+        first of them."""
         out = []
         for (_,), rows in self.pdl_coupled.group_by("group", maintain_order=True):
             rows = rows.sort(pl.col("contribution_us").abs(), descending=True)
+            reasons = [r for r in REASONS if r in set(rows["reason"])]
             out.append({"rows": rows.select("edit", "kind", "family", "layers", "contribution_us").to_dicts(),
-                        "sum_us": float(rows["contribution_us"].sum()), "reason": rows["reason"][0]})
+                        "sum_us": float(rows["contribution_us"].sum()), "reason": reasons[0], "reasons": reasons})
         return out
 
     def edit_breakdown(self) -> dict[int, dict[str, Any]]:

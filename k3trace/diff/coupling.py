@@ -34,7 +34,20 @@ in the build where that edge is chained, reports its end where the replacement r
 start, so its row moves with the replacement's launch (triton_linear: the latent RMSNorm
 before the MoE up GEMM -1.7 us at 8 layers once the GEMM followed it by PDL; mla_q_skinny
 at full depth: the pre-attention combine before q_a -49 us). Its rows join too. These
-groups form first (`released`); the traded ones from the rows left.
+groups form first (`released`).
+
+A cross-stream join is inferred from timing (METRICS.md, "Critical path": the latest-ending
+kernel of another stream that ended before the kernel started), so a side leg that grows past
+a main-stream kernel's start, or shrinks before it, moves that kernel's join without any
+change of code: a dependency row appears that undoes part of the duration row that moved the
+leg (shared_front_leg on the K3 path: S1's leg +132 us while the latent norm and the up GEMM
+after it, which never wait on S1, had taken its old end as their join; their join row -117
+us). A join row goes with the duration rows that own its kernels' join predecessors in either
+build, of the opposite sign, into the released group (or with the row left alone) that
+brings the sum closest to zero, kept when the sum is at most half its largest row
+(`joined`), after the traded groups: a row that traded across a PDL edge stays in its pair.
+Only kernels whose join timing alone moved count: the old join predecessor ends after the
+kernel starts in the new build, or the new one ended after it started in the old.
 """
 
 from __future__ import annotations
@@ -42,16 +55,20 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from k3trace.diff.edits import EditScript
+from k3trace.analyses.stepgraph import JOIN_SLOT
+from k3trace.diff.edits import DEPENDENCY, EditScript
 
 #: What a read-together group means, for the reports.
 READ_TOGETHER = ("rows whose recorded time moved across a PDL edge (a dependent launched at its primary's trigger "
-                 "records the rest of the primary's work as its own): read each group as one change, its sum")
-#: Why a group's rows go together, per `reason`.
+                 "records the rest of the primary's work as its own), or a join inferred from timing that moved with "
+                 "a leg's duration: read each group as one change, its sum")
+#: Why a group's rows go together, per `reason`, in the order the groups form.
 REASONS = {
-    "traded": "one row fell and its PDL neighbour rose, each by more than their sum",
     "released": ("a replacement's work recorded in the unchanged kernels beside it: those it releases hold the rest "
                  "of its work, the one that releases it ends where it starts"),
+    "joined": ("a join inferred from timing moved because a leg's duration moved its end across the kernels' starts: "
+               "the join row undoes part of the leg's row"),
+    "traded": "one row fell and its PDL neighbour rose, each by more than their sum",
 }
 #: A duration row joins a replacement when at least this share of its recorded change lies
 #: on the unchanged kernels beside the replacement's on their PDL chains.
@@ -107,11 +124,69 @@ def released_by_replacements(script: EditScript, c: np.ndarray, significant: np.
     return out
 
 
+def joined_by_durations(script: EditScript, c: np.ndarray, significant: np.ndarray) -> dict[int, list[int]]:
+    """join row (a significant dependency player with a join among its details) -> the
+    significant duration rows of the opposite sign that own one of its kernels' join
+    predecessors in either build, largest first. Only kernels whose join timing alone moved
+    count: the old join predecessor ends after the kernel starts in the new build, or the new
+    one ended after it started in the old (under the same rule either build would have picked
+    the other), not a join the code added or removed."""
+    union, out = script.union, {}
+    end_old, end_new = union.start_old + union.dur_old, union.start_new + union.dur_new
+    joins = script.players.filter((pl.col("kind") == DEPENDENCY) & pl.col("detail").str.contains("join"))
+    for p in joins["player"].to_list():
+        if not significant[p]:
+            continue
+        nodes = np.flatnonzero(script.owner_inputs == p)
+        a, b = union.preds_old[nodes, JOIN_SLOT], union.preds_new[nodes, JOIN_SLOT]
+        present = union.present_old & union.present_new
+        a_crossed = (a >= 0) & present[np.clip(a, 0, None)] & (end_new[np.clip(a, 0, None)] > union.start_new[nodes])
+        b_crossed = (b >= 0) & present[np.clip(b, 0, None)] & (end_old[np.clip(b, 0, None)] > union.start_old[nodes])
+        moved = (a != b) & (a_crossed | b_crossed)
+        preds = np.concatenate([a[moved], b[moved]])
+        owners = np.unique(script.owner_duration[preds[preds >= 0]])
+        rows = [int(r) for r in owners if r >= 0 and r != p and significant[r] and np.sign(c[r]) == -np.sign(c[p])]
+        if rows:
+            out[p] = sorted(rows, key=lambda r: (-abs(c[r]), r))
+    return out
+
+
+def _join_groups(rows: list[tuple[int, int, str]], taken: set[int], joined: dict[int, list[int]],
+                 c: np.ndarray) -> None:
+    """Each join row, largest first, into the released group (or with the untaken duration
+    row) of its joined_by_durations rows that brings the sum closest to zero, where the sum is
+    then at most half the group's largest row. Traded groups stay as they are: their rows are
+    read together for a reason of their own."""
+    for j in sorted(joined, key=lambda p: (-abs(c[p]), p)):
+        if j in taken:
+            continue
+        group_of = {p: g for g, p, reason in rows if reason == "released"}
+        best = None
+        for r in joined[j]:
+            if r in taken and r not in group_of:
+                continue
+            members = [p for g, p, _ in rows if g == group_of[r]] if r in group_of else [r]
+            total = sum(c[m] for m in members) + c[j]
+            if abs(total) <= max(abs(c[x]) for x in (*members, j)) / 2 and (best is None or abs(total) < best[0]):
+                best = (abs(total), r)
+        if best is None:
+            continue
+        r = best[1]
+        if r in group_of:
+            rows.append((group_of[r], j, "joined"))
+        else:
+            index = len(rows) and max(g for g, _, _ in rows) + 1
+            rows += [(index, r, "joined"), (index, j, "joined")]
+            taken.add(r)
+        taken.add(j)
+
+
 def pdl_coupled(script: EditScript, contribution_ns: np.ndarray, stderr_ns: np.ndarray,
                 floor_ns: float = FLOOR_NS) -> pl.DataFrame:
     """group, player, reason: the members of each group of rows read together, groups
-    numbered from 0: the replacements' released rows first, then the traded rows, each kind
-    by its largest row, largest first."""
+    numbered from 0: the replacements' released rows first, then the traded rows, then the
+    join rows with the rows whose duration moved their joins (into a released group, or a
+    group of their own), each kind by its largest row, largest first."""
     union = script.union
     c = np.asarray(contribution_ns, dtype=np.float64)
     owner = np.where(script.owner_duration >= 0, script.owner_duration, script.owner_presence)
@@ -155,10 +230,11 @@ def pdl_coupled(script: EditScript, contribution_ns: np.ndarray, stderr_ns: np.n
             total += c[z]
         if len(group) > 1 and abs(total) <= max(abs(c[p]) for p in group) / 2:
             taken.update(group)
-            index = len(rows) and rows[-1][0] + 1
+            index = len(rows) and max(g for g, _, _ in rows) + 1
             rows += [(index, p, "traded") for p in sorted(group)]
+    _join_groups(rows, taken, joined_by_durations(script, c, significant), c)
     return pl.DataFrame(rows, schema={"group": pl.Int64, "player": pl.Int64, "reason": pl.String}, orient="row")
 
 
-__all__ = ["FLOOR_NS", "JOIN_SHARE", "READ_TOGETHER", "REASONS", "RELEASED_SHARE", "pdl_coupled",
-           "released_by_replacements"]
+__all__ = ["FLOOR_NS", "JOIN_SHARE", "READ_TOGETHER", "REASONS", "RELEASED_SHARE", "joined_by_durations",
+           "pdl_coupled", "released_by_replacements"]

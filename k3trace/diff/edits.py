@@ -49,7 +49,9 @@ class UnionGraph:
 
     `present_old` / `present_new`: the node exists in that build. Inputs of the side a node
     does not exist on are empty (pred -1, launch -inf). `pdl_pred_old` / `pdl_pred_new`: the
-    union node that released it through a chained PDL edge on its stream in that build, or -1."""
+    union node that released it through a chained PDL edge on its stream in that build, or -1.
+    `start_old` / `start_new`: its recorded start in that build's representative step (ns;
+    0 where absent), what a join inferred from timing is read against (coupling.py)."""
 
     names: list[str]
     family: list[str]
@@ -66,6 +68,8 @@ class UnionGraph:
     launch_new: np.ndarray
     pdl_pred_old: np.ndarray
     pdl_pred_new: np.ndarray
+    start_old: np.ndarray
+    start_new: np.ndarray
     blocks: list[np.ndarray]   # replay order: strongly connected blocks in topological order
 
     @property
@@ -216,10 +220,11 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
         # replay put across its internal streams shows as overlap instead, a real one.
         binding = np.where(has, g.nodes["binding"].fill_null("").to_numpy()[safe], "")
         pdl_pred = np.where(pdl & (binding == STREAM), preds[:, STREAM_SLOT], -1)
-        return dur, preds, lags, launch, pdl, side, pdl_pred
+        start = np.where(has, g.nodes["start"].to_numpy()[safe].astype(np.float64), 0.0)
+        return dur, preds, lags, launch, pdl, side, pdl_pred, start
 
-    dur_o, preds_o, lags_o, launch_o, pdl_o, side_o, pdl_pred_o = side(old, old_of, has_old, to_union_old)
-    dur_n, preds_n, lags_n, launch_n, pdl_n, side_n, pdl_pred_n = side(new, new_of, has_new, to_union_new)
+    dur_o, preds_o, lags_o, launch_o, pdl_o, side_o, pdl_pred_o, start_o = side(old, old_of, has_old, to_union_old)
+    dur_n, preds_n, lags_n, launch_n, pdl_n, side_n, pdl_pred_n, start_n = side(new, new_of, has_new, to_union_new)
     blocks, _ = _sccs(np.concatenate([preds_o, preds_n], axis=1))
 
     names, family, layer = match["name"].to_list(), match["family"].to_list(), match["layer"].to_list()
@@ -315,7 +320,7 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
         names=names, family=family, layer=layer, present_old=has_old, present_new=has_new,
         dur_old=dur_o, dur_new=dur_n, preds_old=preds_o, lags_old=lags_o, launch_old=launch_o,
         preds_new=preds_n, lags_new=lags_n, launch_new=launch_n, pdl_pred_old=pdl_pred_o,
-        pdl_pred_new=pdl_pred_n, blocks=blocks))
+        pdl_pred_new=pdl_pred_n, start_old=start_o, start_new=start_n, blocks=blocks))
 
 
 def _dependency_label(items: list[tuple[int, str]], names: list[str]) -> str:

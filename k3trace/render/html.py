@@ -309,7 +309,7 @@ def _read_together(d) -> str:
         return ""
     items = "".join(
         "<li>" + " + ".join(f"{esc(r['edit'])} ({esc(r['kind'])}, {r['contribution_us']:+,.2f})" for r in g["rows"])
-        + f" = <b>{g['sum_us']:+,.2f} us/step</b> ({esc(REASONS[g['reason']])})</li>" for g in groups)
+        + f" = <b>{g['sum_us']:+,.2f} us/step</b> ({esc('; '.join(REASONS[x] for x in g['reasons']))})</li>" for g in groups)
     return f"<p>Read together: {esc(READ_TOGETHER)}.</p><ul class='findings'>{items}</ul>"
 
 

@@ -272,7 +272,7 @@ def read_together_table(d) -> RenderableType | None:
         t.add_column(col, justify=just, overflow="fold")
     for g in groups:
         rows = g["rows"]
-        t.add_row(" + ".join(f"{r['edit']} ({r['kind']})" for r in rows), REASONS[g["reason"]],
+        t.add_row(" + ".join(f"{r['edit']} ({r['kind']})" for r in rows), "; ".join(REASONS[x] for x in g["reasons"]),
                   ", ".join(dict.fromkeys(r["family"] for r in rows)),
                   " / ".join(_signed(r["contribution_us"]) for r in rows), _signed(g["sum_us"]))
     return t
@@ -371,7 +371,7 @@ def diff_markdown(d, top: int = 10) -> str:
     if groups:
         lines += ["", f"Read together: {READ_TOGETHER}."]
         lines += [f"- " + " + ".join(f"{cell(r['edit'])} ({r['contribution_us']:+.2f})" for r in g["rows"])
-                  + f" = **{g['sum_us']:+.2f} us/step** ({REASONS[g['reason']]})" for g in groups]
+                  + f" = **{g['sum_us']:+.2f} us/step** ({'; '.join(REASONS[x] for x in g['reasons'])})" for g in groups]
     if d.segments is not None and d.segments.height:
         total = d.segments_total
         lines += ["", f"Where along the model (segments from a (layer, family)'s first kernel to the next one's; "
