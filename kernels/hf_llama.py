@@ -10,6 +10,10 @@ Variants (each changes one module, the rest is transformers' own code):
   mlp_spin         a `torch.cuda._sleep` spin of known length appended to every MLP (a kernel added)
   mlp_side_stream  the MLP's up projection on a side stream, joined before the product (a fork)
   side_spin        mlp_side_stream plus a spin on the side stream after up_proj (slack absorbs part)
+  side_work        a spin of --side-cycles on a side stream forked at the MLP's start and joined
+                   only at its output (work beside the whole MLP, as an engine's shared experts
+                   on an aux stream); two lengths make a pair whose side leg ends before, then
+                   after, main-stream kernels that never wait on it
 
 Layer labels come from forward hooks that push NVTX ranges `layer.<i>.attn` (input norm,
 attention, residual add) and `layer.<i>.mlp` (post-attention norm, MLP, residual add); the
@@ -26,7 +30,7 @@ import time
 
 import torch
 
-VARIANTS = ("base", "norm_fused", "mlp_spin", "mlp_side_stream", "side_spin")
+VARIANTS = ("base", "norm_fused", "mlp_spin", "mlp_side_stream", "side_spin", "side_work")
 SPIN_CYCLES = 4000  # about 2 us at the H200's 1.98 GHz
 
 
@@ -66,7 +70,7 @@ def build_model(args: argparse.Namespace):
     return cfg, model
 
 
-def apply_variant(model, variant: str, device: str) -> None:
+def apply_variant(model, variant: str, device: str, side_cycles: int = SPIN_CYCLES) -> None:
     """Change one module of transformers' Llama in place (instances only, not the class)."""
     from transformers.models.llama import modeling_llama as ml
 
@@ -97,6 +101,21 @@ def apply_variant(model, variant: str, device: str) -> None:
         for m in model.modules():
             if isinstance(m, ml.LlamaMLP):
                 m.forward = mlp_forward.__get__(m)
+    if variant == "side_work" and device.startswith("cuda"):
+        side_w = torch.cuda.Stream(device=device)
+        plain = ml.LlamaMLP.forward
+
+        def mlp_beside(self, x):
+            main = torch.cuda.current_stream()
+            side_w.wait_stream(main)
+            with torch.cuda.stream(side_w):
+                torch.cuda._sleep(side_cycles)
+            out = plain(self, x)
+            main.wait_stream(side_w)
+            return out
+        for m in model.modules():
+            if isinstance(m, ml.LlamaMLP):
+                m.forward = mlp_beside.__get__(m)
 
 
 def add_layer_ranges(model) -> None:
@@ -180,7 +199,7 @@ def make_step(model, cfg, args):
 
 def run(args: argparse.Namespace) -> dict:
     cfg, model = build_model(args)
-    apply_variant(model, args.variant, args.device)
+    apply_variant(model, args.variant, args.device, args.side_cycles)
     if args.nvtx_style == "k3":
         add_layer_ranges(model)
     elif args.nvtx_style != "none":
@@ -247,7 +266,7 @@ def run(args: argparse.Namespace) -> dict:
         torch.cuda.profiler.stop()
     return {"variant": args.variant, "steps": args.steps, "layers": args.layers, "hidden": args.hidden,
             "gpu_ms_per_step": begin.elapsed_time(end) / args.steps, "wall_ms_per_step": wall * 1e3 / args.steps,
-            "spin_cycles": SPIN_CYCLES if "spin" in args.variant else 0,
+            "spin_cycles": SPIN_CYCLES if "spin" in args.variant else args.side_cycles if args.variant == "side_work" else 0,
             "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
 
 
@@ -304,6 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--microbench", action="store_true",
                    help="time RMSNorm eager vs fused and one spin standalone (CUDA graphs of 200 calls)")
     p.add_argument("--kineto", help="write a torch.profiler Chrome trace here instead of an nsys capture range")
+    p.add_argument("--side-cycles", type=int, default=SPIN_CYCLES,
+                   help="side_work: the side stream's spin, in clock cycles (about 2 us per 4000 at 1.98 GHz)")
     p.add_argument("--timings-json")
     args = p.parse_args(argv)
     out = microbench(args) if args.microbench else run(args)

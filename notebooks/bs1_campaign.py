@@ -431,3 +431,33 @@ build = pl.col("build").str.contains
 
 # %%
 pl.DataFrame([{"case": k, "us": v} for k, v in m19["ops_us"].items()])
+
+# %% [markdown]
+# ## Round twenty-one: the shared experts' front columns on S1 (`shared_front_leg`), on an H100
+# The call that started was given an H100 (2.99 TB/s copy: its floor for the same 36.02 GB is
+# 12.03 ms, so its ratios are not the H200's). The step, unprofiled, B = 1, 100 replays: C85
+# (S1's GEMM at the front's config) and C87 (split over K) are slower than c72. Nothing kept.
+
+# %%
+r21 = full["round21"]
+(pl.DataFrame(r21["steps"])
+ .group_by("build", maintain_order=True)
+ .agg(pl.len().alias("runs"), pl.col("step_ms").median().alias("median_ms"), pl.col("ratio").median().alias("ratio"))
+ .with_columns((pl.col("median_ms") - pl.col("median_ms").first()).round(3).alias("vs_c72_ms")))
+
+# %%
+pl.DataFrame([{"case": k, "us": v} for k, v in r21["ops_us"].items()])
+
+# %% [markdown]
+# The bundled 8-layer pair from the same machine, read live. S1's SiTU row holds the new S1 GEMM's
+# work (it launched at the GEMM's early trigger), and the MoE join row undoes most of it: the latent
+# norm and the up GEMM had taken S1's shared down GEMM as their join from timing alone. The diff
+# reads them together (`joined`).
+
+# %%
+leg = diff([analyze(load_report(bundled_trace("k3_bs1_c72_h100")), cfg)],
+           [analyze(load_report(bundled_trace("k3_bs1_c85_h100")), cfg)])
+print(f"ITL {leg.itl_delta_us:+.2f} us/step (band +-{leg.noise_band_us:.2f}); span {leg.span_delta_us:+.2f}")
+pl.DataFrame([{"rows": " + ".join(r["edit"] for r in g["rows"]), "reasons": ", ".join(g["reasons"]),
+               "each_us": " / ".join(f"{r['contribution_us']:+.2f}" for r in g["rows"]), "together_us": round(g["sum_us"], 2)}
+              for g in leg.read_together()])

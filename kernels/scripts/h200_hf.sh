@@ -2,10 +2,10 @@
 # Third-party decode recordings on the H200 (kernels/hf_llama.py: transformers' Llama, one module
 # changed per variant), through the device tool. Two calls while the machine stays warm, each
 # carrying .nsys (../shared/gpu/README.md):
-#   bash kernels/scripts/h200_hf.sh a;  ... b;  ... before;  ... repeats;  ... labels;  ... long
+#   bash kernels/scripts/h200_hf.sh a;  ... b;  ... before;  ... repeats;  ... labels;  ... long;  ... side_work
 # Leaves the standalone micro-benchmark, logs, compressed .qdstrm files and one Kineto trace in $OUT.
 set -u
-phase=${1:?phase a, b, before, repeats, labels or long}
+phase=${1:?phase a, b, before, repeats, labels, long or side_work}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 N=/tmp/nx/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys
 [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
@@ -59,6 +59,9 @@ rec hf_before_mlp_spin $B --variant mlp_spin
 rec hf_before_mlp_side_stream_a $B --variant mlp_side_stream
 rec hf_before_mlp_side_stream_b $B --variant mlp_side_stream
 rec hf_before_side_spin $B --variant side_spin
+elif [ $phase = side_work ]; then  # a side leg beside the whole MLP, joined at its output, at four lengths:
+  # its end before, then across, main-stream kernels that never wait on it (k3trace diff's `joined`)
+for c in 1000 8000 20000 40000; do rec hf_side_work_$c --variant side_work --side-cycles $c --steps 40; done
 elif [ $phase = long ]; then  # long decodes: k3trace's speed (issue 13) on code nobody here wrote
 rec hf_long_base --layers 24 --steps 600
 rec hf_long_norm_fused --layers 24 --steps 600 --variant norm_fused
