@@ -30,7 +30,7 @@ demo: $(STAMP)
 # K3TRACE_KERNEL_TESTS=required: tests/kernels fails, not skips, without torch and triton.
 test: $(STAMP) $(KSTAMP)
 	$(VENV)/bin/lint-imports
-	K3TRACE_KERNEL_TESTS=required $(VENV)/bin/python -m pytest -q
+	K3TRACE_KERNEL_TESTS=required $(VENV)/bin/python -m pytest -q -n auto --dist loadfile
 
 # Run the notebooks on the bundled traces and commit them with their outputs (the tests check
 # the .ipynb files carry a run's outputs and match their scripts).
