@@ -701,3 +701,43 @@ def test_a_join_inferred_from_timing_is_read_with_the_leg_that_moved_it(analysis
     assert g["sum_us"] == pytest.approx(sum(values)) and abs(g["sum_us"]) <= max(map(abs, values)) / 2
     # The reports name the join's reason beside the group.
     assert REASONS["joined"] in diff_markdown(d)
+
+
+def test_hf_side_leg_whose_join_moved_is_read_with_it(analysis, ref):
+    # transformers' Llama (kernels/hf_llama.py side_work, recorded on an H100): a spin on a side
+    # stream forked at each MLP's start and joined only at its output, 1000 then 40000 cycles.
+    # The short spin ends before main-stream MLP kernels that never wait on it, which take it
+    # as their join (METRICS.md's rule); the long one ends after they start. The leg has
+    # slack either way: the step hardly moves, while the spin's own row, replayed over the
+    # old build's inferred joins, is large. The join row that appears undoes it.
+    old, new = "hf_side_work_1k", "hf_side_work_40k"
+
+    def after_spin(r):
+        """Per stable step: the MLP's main-stream kernels that start after the spin has ended."""
+        counts = []
+        for s in r.stable:
+            spins = [k for k in s.kernels if k.name == "spin_kernel"]
+            counts.append(sum(1 for sp in spins for k in s.kernels
+                              if k.layer == sp.layer and k.family == "mlp" and k.stream != sp.stream
+                              and k.start >= sp.end and k.name != "spin_kernel"))
+        return statistics.mean(counts)
+
+    spin_old = kernel_time_us(ref(old), {"spin_kernel"}, "mlp")
+    spin_new = kernel_time_us(ref(new), {"spin_kernel"}, "mlp")
+    assert spin_new - spin_old > 8 * 10  # more than 10 us more per MLP
+    assert after_spin(ref(old)) > after_spin(ref(new))  # main kernels the short spin ended before
+    span = statistics.mean(s.span for s in ref(new).stable) - statistics.mean(s.span for s in ref(old).stable)
+    d = diff([analysis(old)], [analysis(new)])
+    check_replay(d)
+    band = d.span_noise_band_us
+    assert abs(span / 1e3) < 0.1 * (spin_new - spin_old)  # the leg had slack: the step hardly moved
+    spin = rows(d, kind="duration", family="mlp", edit="spin_kernel")
+    join = rows(d, kind="dependency", family="mlp").filter(pl.col("detail").str.contains("join"))
+    assert spin.height == 1 and spin["contribution_us"][0] > 20 * band
+    assert join.height == 1 and join["contribution_us"][0] < -20 * band
+    groups = [g for g in d.read_together() if "joined" in g["reasons"]]
+    assert len(groups) == 1
+    members = {(r["edit"], r["kind"]) for r in groups[0]["rows"]}
+    assert members == {("spin_kernel", "duration"), (join["edit"][0], "dependency")}
+    # Together they are what the step did, within its noise.
+    assert abs(groups[0]["sum_us"] - span / 1e3) <= max(3 * band, 1.0), (groups[0]["sum_us"], span / 1e3)

@@ -525,9 +525,12 @@ def weights_ahead(cfg: K3Config, v: Variant) -> bool:
     the latent norm trigger their dependents before their own wait, and the grouped GEMMs load
     their expert's first weight blocks before theirs (moe.AHEAD_BLOCKS): each GEMM's weights
     stream while the short kernel before it, and the tail of the GEMM before that, still run,
-    where HBM otherwise idles (kernels/README.md, round nineteen: the GPU metrics' dips). The
-    routing is written before either GEMM launches, so the early loads read finished data. Not
-    with situ_in_gate_up or situ_fused (their GEMMs' operands are formed as they load)."""
+    where HBM otherwise idles (kernels/README.md, round nineteen: the GPU metrics' dips). Not
+    with situ_in_gate_up or situ_fused (their GEMMs' operands are formed as they load).
+    Unsound, kept for the record: the early loads read the routing (each segment's expert)
+    before the wait, and on the GPU it is not finished then although the router leg joins
+    main before the gate|up GEMM; they load a stale expert's blocks and the model leaves the
+    reference (kernels/README.md, round twenty-one; kernels/scripts/ahead_parts.py)."""
     return v.moe_weights_ahead and down_sums(cfg, v) and not v.situ_fused and not gate_up_acts(cfg, v)
 
 

@@ -106,6 +106,10 @@ C72_AHEAD = f"{C69}+{MLA_COPIES}+moe_weights_ahead+mla_o_proj_ahead"
 #: at layer 4 (the test model's first MLA layer) comes from.
 C72_AHEAD_MOE = f"{C69}+{MLA_COPIES}+moe_weights_ahead"
 C72_AHEAD_MLA = f"{C69}+{MLA_COPIES}+mla_o_proj_ahead"
+#: moe_weights_ahead's early loads read the routing before it is finished (kernels/README.md,
+#: round twenty-one: on the GPU the model leaves the reference with them at B = 1, where the
+#: variant applies, and is c72's without them).
+AHEAD_UNSOUND = {C72_AHEAD, C72_AHEAD_MOE}
 #: Round twenty: c72 with kda_step over V quarters, the norm across a barrier of the head's programs.
 C72_SPLIT = f"{C69}+{MLA_COPIES}+kda_split_v"
 #: Round twenty-one: c72 with the shared experts' front columns as their own GEMM on S1.
@@ -641,11 +645,15 @@ def test_gpu_graph_kernel_nodes_match_plan(batch, name):
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("name", ["baseline", CAMPAIGN, DOWN_MIXED, ONE_PASS, GLUON, DOWN_ATOMIC, SITU_GATE_UP,
                                   SHARED_UP, MLA_ROUND, pytest.param(C64, id="c64"), pytest.param(C68, id="c68"),
-                                  pytest.param(C69, id="c69"), pytest.param(C72_AHEAD, id="c72_ahead"),
+                                  pytest.param(C69, id="c69"),
+                                  pytest.param(C72_AHEAD, id="c72_ahead"),
                                   pytest.param(C72_SPLIT, id="c72_split"), pytest.param(C72_LEG, id="c72_leg"),
                                   pytest.param(C72_AHEAD_MOE, id="c72_ahead_moe"),
                                   pytest.param(C72_AHEAD_MLA, id="c72_ahead_mla")])
-def test_gpu_matches_reference(batch, name):
+def test_gpu_matches_reference(batch, name, request):
+    if name in AHEAD_UNSOUND and batch == 1:
+        request.applymarker(pytest.mark.xfail(reason="moe_weights_ahead reads the routing before its wait",
+                                              strict=True))
     model = gpu_model(batch, name)
     start = model.snapshot()
     graph = capture(model)

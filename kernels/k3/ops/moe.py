@@ -418,10 +418,12 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
         nm = ns < N
     kr = tl.arange(0, BLOCK_K)
     if PRELOAD > 0:
-        # Variant moe_weights_ahead: the routing was written before this launch (the router leg
-        # joins by a full edge before the gate|up GEMM; the down GEMM launches after it), so
-        # this program's expert and its first PRELOAD weight blocks load before the wait, while
-        # the producer (a short kernel, or the GEMM before it) still runs. EVEN_N and EVEN_K only.
+        # Variant moe_weights_ahead: this program's expert and its first PRELOAD weight blocks
+        # load before the wait, while the producer (a short kernel, or the GEMM before it) still
+        # runs. EVEN_N and EVEN_K only. Unsound: it assumed the routing finished before this
+        # launch (the router leg joins main before the gate|up GEMM), but in the captured step
+        # it is not, and the held blocks can be a stale expert's (kernels/README.md, round
+        # twenty-one): the model leaves the reference with it, and is c72 bit for bit without.
         active = g < tl.load(num_segs)
         e = tl.load(seg_expert + g, mask=active, other=0).to(tl.int64)
         w_rows = w + e * stride_we + ns[:, None] * stride_wn
