@@ -461,3 +461,21 @@ print(f"ITL {leg.itl_delta_us:+.2f} us/step (band +-{leg.noise_band_us:.2f}); sp
 pl.DataFrame([{"rows": " + ".join(r["edit"] for r in g["rows"]), "reasons": ", ".join(g["reasons"]),
                "each_us": " / ".join(f"{r['contribution_us']:+.2f}" for r in g["rows"]), "together_us": round(g["sum_us"], 2)}
               for g in leg.read_together()])
+
+# %% [markdown]
+# Round nineteen's `moe_weights_ahead`, part by part on the GPU (`kernels/scripts/ahead_parts.py`,
+# H100): with its early weight loads off it is c72 bit for bit; with them on the model leaves the
+# reference, triggers or not. The loads read the routing before it is finished: the variant is
+# marked unsound.
+
+# %%
+pl.DataFrame([{"build": k, "hidden_rel_err_max": max(v["hidden_rel_err"]), "worst_margin": v["worst_margin"],
+               "against_c72": v.get("against_c72")} for k, v in r21["ahead_parts_h100"].items() if k != "note"])
+
+# %% [markdown]
+# The same reading on code nobody here wrote: transformers' Llama with a spin beside each MLP
+# (`side_work`, joined at the MLP's output), 1000 cycles against longer ones. The step stays
+# within its band; the spin's row and the join row are each large and cancel.
+
+# %%
+pl.DataFrame([{"cycles": int(k), **v} for k, v in r21["hf_side_work_h100"].items() if k != "note"])
