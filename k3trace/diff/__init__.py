@@ -168,9 +168,9 @@ class Diff:
             "layers": pl.List(pl.Int64), "stderr_us": pl.Float64}, orient="row")
 
     def read_together(self) -> list[dict[str, Any]]:
-        """The groups of attribution rows whose recorded time moved across PDL edges
-        (coupling.py): a replacement's released rows first, then traded rows, each kind by its
-        largest row: each its `rows` (edit, kind, family, layers, contribution_us, by
+        """The groups of attribution rows whose recorded time moved across PDL edges, or whose
+        join inferred from timing moved with a leg (coupling.py): a replacement's released rows
+        first, then traded rows, then joined ones, each kind by its largest row: each its `rows` (edit, kind, family, layers, contribution_us, by
         |contribution|), `sum_us`, what the trace supports for them together, `reasons` (of
         coupling.REASONS, in its order: "released", "joined", "traded") and `reason`, the
         first of them."""

@@ -133,13 +133,13 @@ def joined_by_durations(script: EditScript, c: np.ndarray, significant: np.ndarr
     the other), not a join the code added or removed."""
     union, out = script.union, {}
     end_old, end_new = union.start_old + union.dur_old, union.start_new + union.dur_new
+    present = union.present_old & union.present_new
     joins = script.players.filter((pl.col("kind") == DEPENDENCY) & pl.col("detail").str.contains("join"))
     for p in joins["player"].to_list():
         if not significant[p]:
             continue
         nodes = np.flatnonzero(script.owner_inputs == p)
         a, b = union.preds_old[nodes, JOIN_SLOT], union.preds_new[nodes, JOIN_SLOT]
-        present = union.present_old & union.present_new
         a_crossed = (a >= 0) & present[np.clip(a, 0, None)] & (end_new[np.clip(a, 0, None)] > union.start_new[nodes])
         b_crossed = (b >= 0) & present[np.clip(b, 0, None)] & (end_old[np.clip(b, 0, None)] > union.start_old[nodes])
         moved = (a != b) & (a_crossed | b_crossed)
