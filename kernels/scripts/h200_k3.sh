@@ -859,6 +859,22 @@ campaign64)  # round 21 in one call, most needed first (a cut-short call keeps w
   # round 19's c72_ahead reference failure, one switch at a time (moe_weights_ahead, mla_o_proj_ahead)
   timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_model.py \
     -k "c72_ahead_moe-1 or c72_ahead_mla-1" 2>&1 | tee $OUT/gpu64_ahead.log | tail -3 ;;
+campaign65)  # round 22, the H200: the loaded-hop probe (the latency-bound chain alone and beside a streaming read);
+  # C72 at B = 1 against its floor (4 builds, the first set aside), baseline / C72 at B = 8 and 64
+  timeout 150 python3 bench/loaded_hop.py --json $OUT/loaded65.json 2>&1 | grep "per hop\|TB/s"
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C72 $C72 $C72 \
+    --json $OUT/step65.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//'
+  timeout 120 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants baseline $C72 baseline $C72 \
+    --json $OUT/step65_b8.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//'
+  timeout 150 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants baseline $C72 \
+    --json $OUT/step65_b64.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign65_gpu)  # round 22, the H200: every GPU test but CuTe DSL's (the last run of them all there was round 18)
+  set -o pipefail
+  timeout 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hop_floor.py tests/kernels/test_loaded_hop.py \
+    2>&1 | tee $OUT/gpu65_probes.log | tail -1  # not gpu-marked: on the GPU when there is one
+  timeout 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_k3_ops.py tests/kernels/test_gemv.py \
+    tests/kernels/test_gemv_gluon.py tests/kernels/test_k3_model.py -k "not (variant_pairs and 64)" 2>&1 \
+    | tee $OUT/gpu65_all.log | tail -6 ;;
 campaign61_rec)  # round 19: C72 and C78 at full depth with GPU metrics (200 kHz), 20 steps each, 2 runs (carry .nsys)
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*

@@ -1,0 +1,251 @@
+"""Whether HBM traffic beside it slows the step's latency-bound chain: hops alone and under load.
+
+    python3 bench/loaded_hop.py [--hops 32] [--json OUT]
+
+Three rounds of the campaign (five, nineteen, twenty-one; kernels/README.md) started a GEMM's
+weight stream early, beside the short kernels between two GEMMs, and each time the short
+kernels ran longer by about what the early stream hid. The reading left "likely, not verified"
+in round five: a latency-bound kernel's few loads wait in memory queues that a streaming grid
+keeps full, so dependent work beside a bandwidth-bound launch ends with it. This probe measures
+that directly. Each form times a chain of the step's latency-bound kernels, launched as the step
+launches them (PDL, early triggers), alone and while a streaming read runs on another stream:
+
+- the chains: `hop_kernel` (bench/hop_floor.py; 7 programs, each reading the value its producer
+  wrote a hop before: L2 hits), the 1-row RMSNorm at 7,168 columns, and the attention residuals'
+  score -> combine over 8 bank rows at c72's 1024-column chunk (the bank rows are reread each
+  pair, as the step rereads rows written layers before);
+- the loads beside them (`stream_kernel`, one program per slice, plain loads summed so nothing
+  is optimised away): an HBM stream over a buffer far past L2 at 132 and at 66 programs (every
+  SM, half of them), the same with `evict_first` loads (the streamed lines leave L2 first, as a
+  GEMM's weights could), and a stream that rereads 16 MB (L2 hits: the SMs and L2 loaded, HBM
+  idle).
+
+A chain's time comes from two globaltimer stamps (`stamp_kernel`, plain launches around it)
+inside the graph, after a spin that lets the stream ramp up; the figure is the marginal cost of
+a hop, (span of 2 x hops - span of hops) / hops, the median over replays, so the stamps and
+the first launch drop out. The stream's own rate alone is printed beside it, and whether it
+still ran when each chain ended (it must outlast the chain, or the chain ran partly unloaded).
+
+Runs on a GPU only; CI never runs it (the stream's sum is checked on a CPU under the Triton
+interpreter, tests/kernels/test_loaded_hop.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.k3.ops.common import early_trigger, launch, pdl_off  # noqa: E402
+
+#: Elements of one program's load per iteration: 32 KB of bf16 in flight per program.
+STREAM_BLOCK = 16384
+#: The HBM stream's buffer (bytes): far past the 50-60 MB L2, about 0.35 ms at 4.3 TB/s.
+HBM_BYTES = 1536 << 20
+#: The L2 stream's buffer: reread until it has read as many bytes as the HBM stream.
+L2_BYTES = 16 << 20
+#: Spin before the first stamp, so that the stream has reached its rate when the chain starts.
+LEAD_NS = 20_000
+
+
+@triton.jit
+def stream_kernel(buf, n_per, reps, sums, BLOCK: tl.constexpr, EVICT_FIRST: tl.constexpr,
+                  USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    # Program p sums its slice [p n_per, (p + 1) n_per) of buf, `reps` times over (each pass
+    # rereads it: with a small buffer, from L2). n_per is a multiple of BLOCK.
+    p = tl.program_id(0)
+    base = buf + p.to(tl.int64) * n_per
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for _ in range(reps):
+        for i in range(0, n_per, BLOCK):
+            if EVICT_FIRST:
+                v = tl.load(base + i + tl.arange(0, BLOCK), eviction_policy="evict_first")
+            else:
+                v = tl.load(base + i + tl.arange(0, BLOCK))
+            acc += v.to(tl.float32)
+    tl.store(sums + p, tl.sum(acc, 0))
+
+
+def stream(buf: torch.Tensor, programs: int, sums: torch.Tensor, *, reps: int = 1,
+           evict_first: bool = False) -> None:
+    """sums[p] = reps x the sum of buf's p-th of `programs` equal slices (buf 1-D, its length
+    a multiple of programs x STREAM_BLOCK, or of programs when smaller: then one block)."""
+    n = buf.numel()
+    assert buf.dim() == 1 and n % programs == 0
+    n_per = n // programs
+    block = min(STREAM_BLOCK, triton.next_power_of_2(n_per))
+    assert n_per % block == 0, "each slice must be whole blocks"
+    with pdl_off():  # a plain launch: it forks from main, it follows nothing
+        launch(stream_kernel, (programs,), buf, n_per, reps, sums, BLOCK=block, EVICT_FIRST=evict_first,
+               num_warps=8)
+
+
+@triton.jit
+def stamp_kernel(stamps, slot, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    tl.store(stamps + slot, tl.extra.cuda.globaltimer())
+
+
+@triton.jit
+def lead_kernel(USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+    t0 = tl.extra.cuda.globaltimer()
+    while tl.extra.cuda.globaltimer() - t0 < DELAY_NS:
+        pass
+
+
+def chains(hops: int) -> dict[str, object]:
+    """name -> fn(n): launches n hops of that chain (PDL, early triggers)."""
+    from hop_floor import hop_chain  # bench/ is the script's directory
+    from kernels.k3.ops import attn_res as A
+    from kernels.k3.ops.norm import rmsnorm
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    H = 7168
+    bufs = tuple(torch.zeros(7, device="cuda", dtype=torch.int32) for _ in range(2))
+    rows = [torch.randn(1, H, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)]
+    gamma = torch.ones(H, device="cuda", dtype=torch.bfloat16)
+    bank = torch.randn(8, 1, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    query = torch.randn(H, device="cuda", dtype=torch.bfloat16, generator=g)
+    scores = A.alloc_attn_res_scores(bank, block_h=A.WIDE_BLOCK_H)
+    out = torch.empty(1, H, device="cuda", dtype=torch.bfloat16)
+
+    def hop(n):
+        with early_trigger(True):
+            hop_chain(bufs, n, 7, read=True)
+
+    def norm(n):
+        with early_trigger(True):
+            for h in range(n):
+                rmsnorm(rows[h % 2], gamma, rows[(h + 1) % 2])
+
+    def pair(n):
+        with early_trigger(True):
+            for _ in range(n // 2):
+                A.attn_res_score(bank, 8, query, scores, gram_dot=True, block_h=A.WIDE_BLOCK_H)
+                A.attn_res_combine(bank, 8, scores, gamma, out, one_shot=True, block_h=A.WIDE_BLOCK_H)
+
+    return {"hop_kernel, 7 programs": hop, "rmsnorm, 1 x 7168": norm,
+            "attn_res score -> combine, 8 rows, 1024 columns": pair}
+
+
+def loads() -> dict[str, tuple[object, int]]:
+    """name -> (fn(), bytes it reads): the load beside the chain, launched on the current
+    stream (None: alone)."""
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    big = torch.ones(HBM_BYTES // 2, device="cuda", dtype=torch.bfloat16)
+    small = torch.ones(L2_BYTES // 2, device="cuda", dtype=torch.bfloat16)
+    sums = torch.zeros(2 * sm, device="cuda", dtype=torch.float32)
+
+    def hbm(programs, evict_first=False):
+        n = big.numel() // (programs * STREAM_BLOCK) * programs * STREAM_BLOCK
+        return (lambda: stream(big[:n], programs, sums, evict_first=evict_first)), 2 * n
+
+    n_small = small.numel() // (sm * STREAM_BLOCK) * sm * STREAM_BLOCK
+    reps = max(1, HBM_BYTES // (n_small * 2))
+    return {"alone": (None, 0),
+            f"HBM stream, {sm} programs": hbm(sm),
+            f"HBM stream, {sm // 2} programs": hbm(sm // 2),
+            f"HBM stream, {sm} programs, evict_first": hbm(sm, evict_first=True),
+            f"L2 stream (16 MB reread), {sm} programs":
+                ((lambda: stream(small[:n_small], sm, sums, reps=reps)), 2 * n_small * reps)}
+
+
+def stream_rate(fn, nbytes: int, replays: int = 10) -> float:
+    """TB/s of one stream launch alone (event-timed graph replays, median)."""
+    graph = torch.cuda.CUDAGraph()
+    fn()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    return nbytes / statistics.median(times) / 1e12
+
+
+def span_us(chain, n: int, load, replays: int) -> tuple[float, float]:
+    """Median over replays of the chain's span (us) between its stamps, with `load` on a side
+    stream from the graph's start; and the fraction of replays whose load was still running
+    when the chain ended (1.0 alone)."""
+    stamps = torch.zeros(4, device="cuda", dtype=torch.int64)
+    main = torch.cuda.Stream()
+    side = torch.cuda.Stream()
+
+    def body():
+        if load is not None:
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                load()
+                with pdl_off():
+                    launch(stamp_kernel, (1,), stamps, 2)  # the load's end
+        with pdl_off():
+            launch(lead_kernel, (1,), delay_ns=LEAD_NS)
+            launch(stamp_kernel, (1,), stamps, 0)
+        chain(n)
+        with pdl_off():
+            launch(stamp_kernel, (1,), stamps, 1)
+        if load is not None:
+            main.wait_stream(side)
+
+    main.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(main):
+        body()  # compile, warm
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=main):
+        body()
+    spans, covered = [], []
+    for _ in range(replays + 2):
+        graph.replay()
+        torch.cuda.synchronize()
+        s = stamps.tolist()
+        spans.append((s[1] - s[0]) / 1e3)
+        covered.append(load is None or s[2] >= s[1])
+    return statistics.median(spans[2:]), sum(covered[2:]) / replays
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--hops", type=int, default=32)
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("loaded_hop.py needs a CUDA device", file=sys.stderr)
+        return 2
+    load_forms = loads()
+    rates = {name: stream_rate(fn, nbytes) for name, (fn, nbytes) in load_forms.items() if fn is not None}
+    for name, r in rates.items():
+        print(f"    {name:48s} alone: {r:5.2f} TB/s")
+    res: dict[str, dict[str, float]] = {}
+    for cname, chain in chains(args.hops).items():
+        alone = None
+        for lname, (load, _) in load_forms.items():
+            one, cov1 = span_us(chain, args.hops, load, args.replays)
+            two, cov2 = span_us(chain, 2 * args.hops, load, args.replays)
+            per_hop = (two - one) / args.hops
+            alone = per_hop if load is None else alone
+            res.setdefault(cname, {})[lname] = per_hop
+            res[cname][lname + " (load outlasted the chain)"] = min(cov1, cov2)
+            print(f"    {cname:48s} {lname:44s} {per_hop:6.2f} us per hop  x{per_hop / alone:5.2f}"
+                  f"  (load outlasted: {min(cov1, cov2):.0%})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"hops": args.hops, "stream_tb_s_alone": rates, "us_per_hop": res}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
