@@ -44,7 +44,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.k3.ops.common import early_trigger, launch, pdl_off  # noqa: E402
+from kernels.k3.ops.common import early_trigger, launch, pdl_off
 
 #: Elements of one program's load per iteration: 32 KB of bf16 in flight per program.
 STREAM_BLOCK = 16384
@@ -103,6 +103,7 @@ def lead_kernel(USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
 def chains(hops: int) -> dict[str, object]:
     """name -> fn(n): launches n hops of that chain (PDL, early triggers)."""
     from hop_floor import hop_chain  # bench/ is the script's directory
+
     from kernels.k3.ops import attn_res as A
     from kernels.k3.ops.norm import rmsnorm
 
