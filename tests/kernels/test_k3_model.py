@@ -654,6 +654,10 @@ def test_gpu_matches_reference(batch, name, request):
     if name in AHEAD_UNSOUND and batch == 1:
         request.applymarker(pytest.mark.xfail(reason="moe_weights_ahead reads the routing before its wait",
                                               strict=True))
+    assert_replays_match_reference(batch, name)
+
+
+def assert_replays_match_reference(batch: int, name: str) -> None:
     model = gpu_model(batch, name)
     start = model.snapshot()
     graph = capture(model)
@@ -757,7 +761,7 @@ def test_gpu_shared_front_leg_small_split_matches_reference(monkeypatch):
     from kernels.k3.ops import gemv as gemv_ops
 
     monkeypatch.setattr(gemv_ops, "SHARED_LEG", ((64, 128, 4, 2), 4))
-    test_gpu_matches_reference(1, C72_LEG)
+    assert_replays_match_reference(1, C72_LEG)
 
 
 @gpu
