@@ -25,9 +25,10 @@ inside the graph, after a lead kernel that waits for the stream's first program 
 start and then spins while the stream ramps up; the figure is the marginal cost of a hop, (span
 of 2 x hops - span of hops) / hops, the median over the loaded replays, so the stamps and the
 first launch drop out. A replay is loaded when the stream started before the chain and ended
-after it: a graph's two branches can run one after the other (round twenty-two, on the H100,
-saw chains that ran after the stream), and such a replay measures the chain alone. The
-stream's own rate alone is printed beside it, and the share of loaded replays.
+after it: a chain need not run beside the stream at all (round twenty-two, on the H100: a 1-warp
+chain beside a stream with a program on every SM waited for the stream to end;
+bench/loaded_order.py), and such a replay measures the chain alone. The stream's own rate alone
+is printed beside it, and the share of loaded replays.
 
 Runs on a GPU only; CI never runs it (the stream's sum is checked on a CPU under the Triton
 interpreter, tests/kernels/test_loaded_hop.py).
@@ -49,10 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.k3.ops.common import early_trigger, launch, pdl_off
 
-#: Elements of one program's load per iteration: 8 KB of bf16, 16 a thread at 8 warps. At 16,384
-#: (64 a thread) one program held an SM's whole register file and the chain could not run beside
-#: the stream at all (round twenty-two, on the H100); so the stream runs STREAM_PER_SM small
-#: programs on each SM, leaving room beside them as a GEMM's programs do.
+#: Elements of one program's load per iteration: 8 KB of bf16, 16 a thread at 8 warps (36
+#: registers on the H100), so that STREAM_PER_SM programs share each SM and leave room beside
+#: them, as a GEMM's programs do. (The first form's 32 KB loads, one program an SM, 96 registers,
+#: streamed at 2.73 TB/s where these reach 3.07.)
 STREAM_BLOCK = 4096
 #: Programs per SM of the full-width stream: 4 MB in flight on 132 SMs, enough for HBM's latency.
 STREAM_PER_SM = 4
@@ -74,7 +75,7 @@ def stream_kernel(buf, n_per, reps, sums, started, BLOCK: tl.constexpr, EVICT_FI
     # rereads it: with a small buffer, from L2). n_per is a multiple of BLOCK. FLAG: program 0
     # first stores the time it started at `started`, which the chain's lead waits for.
     p = tl.program_id(0)
-    if FLAG:
+    if FLAG:  # noqa: SIM102 - a constexpr: without it the branch (and globaltimer) is not compiled
         if p == 0:
             tl.store(started, tl.extra.cuda.globaltimer())
     base = buf + p.to(tl.int64) * n_per
@@ -112,10 +113,9 @@ def stamp_kernel(stamps, slot, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
 @triton.jit
 def lead_kernel(started, TIMEOUT_NS: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # Wait until the stream beside it has started (its flag, zeroed before the fork, turns
-    # non-zero), then spin DELAY_NS while it ramps up. A graph may map its two branches onto
-    # one hardware queue and run them one after the other (round twenty-two saw chains run
-    # after the stream): then the flag never turns within the chain's own branch, the wait
-    # times out, and the replay is not counted as loaded.
+    # non-zero), then spin DELAY_NS while it ramps up. Should the stream only start after the
+    # chain's branch (nothing orders the two), the wait times out and span_us does not count
+    # the replay as loaded.
     t0 = tl.extra.cuda.globaltimer()
     while (tl.load(started, volatile=True) == 0) & (tl.extra.cuda.globaltimer() - t0 < TIMEOUT_NS):
         pass
@@ -203,13 +203,12 @@ def stream_rate(fn, nbytes: int, replays: int = 10) -> float:
     return nbytes / statistics.median(times) / 1e12
 
 
-def span_us(chain, n: int, load, replays: int) -> tuple[float, float]:
-    """Median over the loaded replays of the chain's span (us) between its stamps, with `load`
-    on a side stream from the graph's start; and the fraction of replays that were loaded: the
-    load started before the chain's first stamp and ended after its last (all of them alone).
-    No loaded replay: the span is NaN."""
+def loaded_graph(chain, n: int, load) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """The captured graph of a chain of n hops with `load` (or None) on a side stream from the
+    graph's start, and its stamps (GPU ns): [chain start, chain end, load end, load start]
+    (the load start 1 alone: the lead does not wait)."""
     stamps = torch.zeros(4, device="cuda", dtype=torch.int64)
-    started = stamps[3:]  # non-zero alone: the lead does not wait
+    started = stamps[3:]
     started.fill_(0 if load is not None else 1)
     main = torch.cuda.Stream()
     side = torch.cuda.Stream()
@@ -238,6 +237,15 @@ def span_us(chain, n: int, load, replays: int) -> tuple[float, float]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=main):
         body()
+    return graph, stamps
+
+
+def span_us(chain, n: int, load, replays: int) -> tuple[float, float]:
+    """Median over the loaded replays of the chain's span (us) between its stamps, with `load`
+    on a side stream from the graph's start; and the fraction of replays that were loaded: the
+    load started before the chain's first stamp and ended after its last (all of them alone).
+    No loaded replay: the span is NaN."""
+    graph, stamps = loaded_graph(chain, n, load)
     spans = []
     for r in range(replays + 2):
         graph.replay()

@@ -23,11 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hop_floor  # noqa: E402
-import loaded_hop as L  # noqa: E402
+import hop_floor
+import loaded_hop as L
 
-from kernels.k3.ops.common import early_trigger, launch, pdl_off  # noqa: E402
-from kernels.k3.ops.norm import rmsnorm  # noqa: E402
+from kernels.k3.ops.common import early_trigger, launch
+from kernels.k3.ops.norm import rmsnorm
 
 HOPS = 32
 
@@ -36,32 +36,7 @@ def stamps_of(chain, programs: int, big: torch.Tensor, sums: torch.Tensor) -> li
     """[chain start, chain end, stream end] in us after the stream's start, one graph replay
     (the third; the first two warm it)."""
     n = big.numel() // (programs * L.STREAM_BLOCK) * programs * L.STREAM_BLOCK
-    stamps = torch.zeros(4, device="cuda", dtype=torch.int64)
-    started = stamps[3:]
-    main, side = torch.cuda.Stream(), torch.cuda.Stream()
-
-    def body():
-        started.zero_()
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            L.stream(big[:n], programs, sums, started=started)
-            with pdl_off():
-                launch(L.stamp_kernel, (1,), stamps, 2)
-        with pdl_off():
-            launch(L.lead_kernel, (1,), started, TIMEOUT_NS=L.START_TIMEOUT_NS, delay_ns=L.LEAD_NS)
-            launch(L.stamp_kernel, (1,), stamps, 0)
-        chain(HOPS)
-        with pdl_off():
-            launch(L.stamp_kernel, (1,), stamps, 1)
-        main.wait_stream(side)
-
-    main.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(main):
-        body()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=main):
-        body()
+    graph, stamps = L.loaded_graph(chain, HOPS, lambda started: L.stream(big[:n], programs, sums, started=started))
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
