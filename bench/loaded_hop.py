@@ -11,9 +11,10 @@ that directly. Each form times a chain of the step's latency-bound kernels, laun
 launches them (PDL, early triggers), alone and while a streaming read runs on another stream:
 
 - the chains: `hop_kernel` (bench/hop_floor.py; 7 programs, each reading the value its producer
-  wrote a hop before: L2 hits), the 1-row RMSNorm at 7,168 columns, and the attention residuals'
+  wrote a hop before: L2 hits), the 1-row RMSNorm at 7,168 columns, the attention residuals'
   score -> combine over 8 bank rows at c72's 1024-column chunk (the bank rows are reread each
-  pair, as the step rereads rows written layers before);
+  pair, as the step rereads rows written layers before), and the router with the align (one
+  program, the top-16 of 896: in c72 it runs beside the MoE front's stream);
 - the loads beside them (`stream_kernel`, one program per slice, plain loads summed so nothing
   is optimised away): an HBM stream over a buffer far past L2 at 132 and at 66 programs (every
   SM, half of them), the same with `evict_first` loads (the streamed lines leave L2 first, as a
@@ -156,8 +157,25 @@ def chains(hops: int) -> dict[str, object]:
                 A.attn_res_score(bank, 8, query, scores, gram_dot=True, block_h=A.WIDE_BLOCK_H)
                 A.attn_res_combine(bank, 8, scores, gamma, out, one_shot=True, block_h=A.WIDE_BLOCK_H)
 
+    # The router as c72 runs it beside the MoE front (router_align_fused): one program, the
+    # top-16 of 896 sigmoid scores and the align's segments; each call rereads the same logits.
+    from kernels.k3.ops.moe import moe_router
+
+    E, K = 896, 16
+    logits = torch.randn(1, E, device="cuda", dtype=torch.float32, generator=g)
+    bias = torch.zeros(E, device="cuda", dtype=torch.float32)
+    ids = torch.empty(1, K, device="cuda", dtype=torch.int32)
+    weights = torch.empty(1, K, device="cuda", dtype=torch.float32)
+    align = tuple(torch.empty(n, device="cuda", dtype=torch.int32) for n in (K, K, K + 1, 1))
+
+    def router(n):
+        with early_trigger(True):
+            for _ in range(n):
+                moe_router(logits, bias, ids, weights, align=align)
+
     return {"hop_kernel, 7 programs": hop, "rmsnorm, 1 x 7168": norm,
-            "attn_res score -> combine, 8 rows, 1024 columns": pair}
+            "attn_res score -> combine, 8 rows, 1024 columns": pair,
+            "moe_router + align, top-16 of 896 (1 program)": router}
 
 
 def loads() -> dict[str, tuple[object, int]]:
@@ -170,7 +188,11 @@ def loads() -> dict[str, tuple[object, int]]:
 
     def hbm(programs, evict_first=False):
         n = big.numel() // (programs * STREAM_BLOCK) * programs * STREAM_BLOCK
-        return (lambda started: stream(big[:n], programs, sums, evict_first=evict_first, started=started)), 2 * n
+
+        def load(started):
+            stream(big[:n], programs, sums, evict_first=evict_first, started=started)
+
+        return load, 2 * n
 
     n_small = small.numel() // (STREAM_PER_SM * sm * STREAM_BLOCK) * STREAM_PER_SM * sm * STREAM_BLOCK
     reps = max(1, HBM_BYTES // (n_small * 2))

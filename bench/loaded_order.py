@@ -36,7 +36,10 @@ def stamps_of(chain, programs: int, big: torch.Tensor, sums: torch.Tensor) -> li
     """[chain start, chain end, stream end] in us after the stream's start, one graph replay
     (the third; the first two warm it)."""
     n = big.numel() // (programs * L.STREAM_BLOCK) * programs * L.STREAM_BLOCK
-    graph, stamps = L.loaded_graph(chain, HOPS, lambda started: L.stream(big[:n], programs, sums, started=started))
+    def load(started):
+        L.stream(big[:n], programs, sums, started=started)
+
+    graph, stamps = L.loaded_graph(chain, HOPS, load)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
