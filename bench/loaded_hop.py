@@ -262,6 +262,14 @@ def loaded_graph(chain, n: int, load) -> tuple[torch.cuda.CUDAGraph, torch.Tenso
     return graph, stamps
 
 
+def spans_the_chain(stamps: list[int]) -> bool:
+    """Whether a replay was loaded: its stamps [chain start, chain end, load end, load start]
+    (loaded_graph's) put the load's start at or before the chain's and its end at or after the
+    chain's; a load start of 0 is a flag that never turned (the lead timed out)."""
+    chain_start, chain_end, load_end, load_start = stamps
+    return 0 < load_start <= chain_start and load_end >= chain_end
+
+
 def span_us(chain, n: int, load, replays: int) -> tuple[float, float]:
     """Median over the loaded replays of the chain's span (us) between its stamps, with `load`
     on a side stream from the graph's start; and the fraction of replays that were loaded: the
@@ -273,8 +281,7 @@ def span_us(chain, n: int, load, replays: int) -> tuple[float, float]:
         graph.replay()
         torch.cuda.synchronize()
         s = stamps.tolist()
-        loaded = load is None or (0 < s[3] <= s[0] and s[2] >= s[1])
-        if r >= 2 and loaded:
+        if r >= 2 and (load is None or spans_the_chain(s)):
             spans.append((s[1] - s[0]) / 1e3)
     return (statistics.median(spans) if spans else float("nan")), len(spans) / replays
 

@@ -33,3 +33,14 @@ def test_a_slice_that_is_not_whole_blocks_is_refused(bench_script):
     buf = torch.zeros(3 * (lh.STREAM_BLOCK + 1), dtype=torch.bfloat16)
     with pytest.raises(AssertionError, match="whole blocks"):
         lh.stream(buf, 3, torch.zeros(3))
+
+
+@pytest.mark.parametrize("stamps,loaded", [
+    ([100, 200, 900, 50], True),    # the stream around the chain
+    ([100, 200, 200, 100], True),   # touching at both ends
+    ([100, 200, 150, 50], False),   # the stream ended inside the chain (round 22's first form)
+    ([100, 200, 900, 150], False),  # the stream started after the chain did
+    ([100, 200, 900, 0], False),    # the flag never turned: the lead timed out
+])
+def test_a_replay_counts_as_loaded_only_when_the_stream_spans_the_chain(bench_script, stamps, loaded):
+    assert bench_script("loaded_hop").spans_the_chain(stamps) is loaded
