@@ -168,14 +168,17 @@ def chains(hops: int) -> dict[str, object]:
     weights = torch.empty(1, K, device="cuda", dtype=torch.float32)
     align = tuple(torch.empty(n, device="cuda", dtype=torch.int32) for n in (K, K, K + 1, 1))
 
-    def router(n):
-        with early_trigger(True):
-            for _ in range(n):
-                moe_router(logits, bias, ids, weights, align=align)
+    def router(by4):
+        def chain(n):
+            with early_trigger(True):
+                for _ in range(n):
+                    moe_router(logits, bias, ids, weights, align=align, by4=by4)
+        return chain
 
     return {"hop_kernel, 7 programs": hop, "rmsnorm, 1 x 7168": norm,
             "attn_res score -> combine, 8 rows, 1024 columns": pair,
-            "moe_router + align, top-16 of 896 (1 program)": router}
+            "moe_router + align, top-16 of 896 (1 program)": router(False),
+            "the same, four a round (router_top4)": router(True)}
 
 
 def loads() -> dict[str, tuple[object, int]]:

@@ -76,6 +76,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "mla_o_proj_ahead": ("mla_o_proj_ahead", True),  # V-up and gate_mul trigger first: the o_proj launches early
     "kda_split_v": ("kda_split_v", True),  # B = 1: kda_step over V quarters, the fused norm across a barrier
     "shared_front_leg": ("shared_front_leg", True),  # B = 1: the shared experts' front columns as S1's own GEMM
+    "router_top4": ("router_top4", True),  # the router's top-k four a selection round, not one (bit for bit)
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -175,6 +176,8 @@ class Variant:
                                      # 12), the head's four meet at a barrier for the norm's sum of squares
     shared_front_leg: bool = False   # B = 1, with router_fork: the shared experts' gate|up columns of the front GEMM
                                      # as their own GEMM at the head of the S1 leg, forked after the latent columns
+    router_top4: bool = False        # the router's selection rounds keep the top 4 (a bitonic merge in the reduction),
+                                     # 4 rounds for top-16, not 16; the same routing, bit for bit
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

@@ -273,6 +273,8 @@ C86=$C85+side_priority
 # the S1 GEMM at a small config split over K (20 KB of shared memory, 96 programs), to fit beside main's grouped
 # GEMMs: c72's trace has S1's cuBLAS down GEMM waiting 17 us for an SM, and whatif gives S1 about 3 us of slack
 C87=$C85@leg=64,128,4,2/4
+# Round twenty-three: c72 with the router's top-k four a selection round (the same routing, bit for bit).
+C88=$C72+router_top4
 
 case $phase in
 campaign_test)
@@ -868,6 +870,15 @@ campaign65)  # round 22, the H200: the loaded-hop probe (the latency-bound chain
     --json $OUT/step65_b8.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//'
   timeout 150 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants baseline $C72 \
     --json $OUT/step65_b64.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign66)  # round 23: the loaded-hop probe with the router chains (one and four a round); C72 / C88 at B = 1
+  # (interleaved, 4 each), at B = 8; the router tests on the GPU
+  timeout 150 python3 bench/loaded_hop.py --json $OUT/loaded66.json 2>&1 | grep "per hop\|TB/s\|router\|four"
+  timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C88 $C72 $C88 $C72 $C88 \
+    $C72 $C88 --json $OUT/step66.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//'
+  timeout 120 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C72 $C88 $C72 $C88 \
+    --json $OUT/step66_b8.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//'
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k "router" \
+    tests/kernels/test_k3_model.py::test_gpu_router_top4_bitwise 2>&1 | tail -2 ;;
 campaign65_gpu)  # round 22, the H200: every GPU test but CuTe DSL's (the last run of them all there was round 18)
   set -o pipefail
   timeout 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hop_floor.py tests/kernels/test_loaded_hop.py \

@@ -715,7 +715,7 @@ def test_gate_mul():
 # =========================================================================================
 # MoE
 # =========================================================================================
-def _router_case(B, E, K, gs, seed, ties=False):
+def _router_case(B, E, K, gs, seed, ties=False, with_by4=True):
     g = gen(seed)
     if ties:  # few distinct logits and no bias: many exact ties, broken by lower id
         logits = (torch.randint(-2, 3, (B, E + 8), generator=torch.Generator().manual_seed(seed))
@@ -726,28 +726,34 @@ def _router_case(B, E, K, gs, seed, ties=False):
         bias = randn(g, E, scale=0.1, dtype=F32)
     rid, rw = R.ref_moe_router(logits, bias, K, scale=2.5)
     outs = []
-    for multipass in (False, True):
+    for multipass, by4 in ((False, False), (True, False), (False, True), (True, True)):
+        if by4 and not with_by4:
+            continue
         ids, w = ints(B, K), torch.empty(B, K, device=DEV, dtype=F32)
-        moe.moe_router(logits, bias, ids, w, scale=2.5, multipass=multipass, group_size=gs)
+        moe.moe_router(logits, bias, ids, w, scale=2.5, multipass=multipass, group_size=gs, by4=by4)
         outs.append((ids, w))
-    (ids1, w1), (ids2, w2) = outs
+    (ids1, w1), *others = outs
     assert torch.equal(ids1.cpu(), rid.cpu())
     close(w1, rw, atol=1e-6, rtol=1e-5)
-    # variant router_multipass: same ids and weights, bit for bit
-    assert torch.equal(ids1, ids2) and torch.equal(w1, w2)
+    # variants router_multipass and router_top4: same ids and weights, bit for bit
+    for ids2, w2 in others:
+        assert torch.equal(ids1, ids2) and torch.equal(w1, w2)
 
 
 @pytest.mark.parametrize("B,E,K,gs,ties", [(3, 64, 4, 16, False), (3, 64, 4, 16, True),
-                                           (2, 128, 8, 32, False), (2, 128, 8, 32, True)])
+                                           (2, 128, 8, 32, False), (2, 128, 8, 32, True),
+                                           (2, 100, 6, 32, True)])
 def test_router(B, E, K, gs, ties):
     """Single-CTA and multipass routers vs the reference: ids exact (selection order),
-    weights 1e-5; multipass bitwise equal to single-pass (several groups)."""
+    weights 1e-5; multipass and the top-4 rounds (router_top4) bitwise equal to single-pass
+    (several groups; K = 6 leaves the last round two spare picks)."""
     _router_case(B, E, K, gs, 11, ties)
 
 
 def test_router_k3_shape():
-    """896 experts, top-16, 7 groups of 128 (one token: the interpreter is slow here)."""
-    _router_case(1, 896, 16, 128, 12)
+    """896 experts, top-16, 7 groups of 128 (one token: the interpreter is slow here, so
+    router_top4 at this shape is left to the align test below)."""
+    _router_case(1, 896, 16, 128, 12, with_by4=False)
 
 
 @pytest.mark.parametrize("B,E,K", [(1, 64, 4), (5, 64, 4), (64, 64, 4), (64, 896, 16)])
@@ -784,9 +790,10 @@ def test_score_with_add3_folded_bitwise(n_rows):
     assert torch.equal(bank_f, bank_s) and torch.equal(sc_f, sc_s)
 
 
-@pytest.mark.parametrize("E,K", [(64, 4), (896, 16)])
-def test_router_align_fused_bitwise(E, K):
-    """Variant router_align_fused (one token): the router's own segments equal moe_align's."""
+@pytest.mark.parametrize("E,K,by4", [(64, 4, False), (896, 16, False), (64, 4, True), (896, 16, True)])
+def test_router_align_fused_bitwise(E, K, by4):
+    """Variant router_align_fused (one token): the router's own segments equal moe_align's;
+    with router_top4 (by4) too, against the one-a-round router."""
     g = gen(31)
     logits, bias = randn(g, 1, E), randn(g, E, scale=0.05, dtype=F32)
     ids, w = ints(1, K), torch.empty(1, K, device=DEV, dtype=F32)
@@ -794,7 +801,7 @@ def test_router_align_fused_bitwise(E, K):
     want = _aligned(ids, E)
     ids_f, w_f = ints(1, K), torch.empty(1, K, device=DEV, dtype=F32)
     got = (ints(K), ints(K), ints(K + 1), ints(1))
-    moe.moe_router(logits, bias, ids_f, w_f, align=got)
+    moe.moe_router(logits, bias, ids_f, w_f, align=got, by4=by4)
     assert torch.equal(ids_f, ids) and torch.equal(w_f, w)
     for a, b in zip(got, want):
         assert torch.equal(a, b)

@@ -66,13 +66,54 @@ def _pick_max(k1, s1, k2, s2):
 
 
 @triton.jit
-def _select_topk(packed, s, K: tl.constexpr, KP: tl.constexpr):
+def _compare_exchange(k1, s1, k2, s2):
+    # (the larger, the smaller) of two (key, score) pairs
+    gt = k1 > k2
+    return tl.where(gt, k1, k2), tl.where(gt, s1, s2), tl.where(gt, k2, k1), tl.where(gt, s2, s1)
+
+
+@triton.jit
+def _merge_top4(a1, x1, a2, x2, a3, x3, a4, x4, b1, y1, b2, y2, b3, y3, b4, y4):
+    # The top 4 of two descending 4-lists, descending: a1..a4, b4..b1 is bitonic, so the
+    # pairwise maxima against b reversed are the top half (bitonic too), which two
+    # half-cleaners sort. Keys are distinct (the id is in the low bits), so this is the
+    # same set and order as four argmax rounds, whatever order the reduction combines in.
+    m1, t1 = _pick_max(a1, x1, b4, y4)
+    m2, t2 = _pick_max(a2, x2, b3, y3)
+    m3, t3 = _pick_max(a3, x3, b2, y2)
+    m4, t4 = _pick_max(a4, x4, b1, y1)
+    m1, t1, m3, t3 = _compare_exchange(m1, t1, m3, t3)
+    m2, t2, m4, t4 = _compare_exchange(m2, t2, m4, t4)
+    m1, t1, m2, t2 = _compare_exchange(m1, t1, m2, t2)
+    m3, t3, m4, t4 = _compare_exchange(m3, t3, m4, t4)
+    return m1, t1, m2, t2, m3, t3, m4, t4
+
+
+@triton.jit
+def _select_topk(packed, s, K: tl.constexpr, KP: tl.constexpr, BY4: tl.constexpr = False):
     """K rounds of argmax over packed keys (-1 = empty). Returns the keys and scores in
-    selection order and their sum, accumulated in that order (bit-stable across paths)."""
+    selection order and their sum, accumulated in that order (bit-stable across paths).
+
+    BY4 (variant router_top4): each round's reduction keeps the top 4, so a quarter of the
+    rounds; a round's cost is mostly its cross-warp exchange, not the compares. Same keys,
+    scores and sum, bit for bit."""
     kk = tl.arange(0, KP)
     keys = tl.full([KP], -1, tl.int64)
     vals = tl.zeros([KP], dtype=tl.float32)
     tot = tl.zeros([], dtype=tl.float32)
+    if BY4:
+        none = tl.full(packed.shape, -1, tl.int64)
+        zero = tl.zeros(s.shape, dtype=tl.float32)
+        for r in range((K + 3) // 4):
+            top = tl.reduce((packed, s, none, zero, none, zero, none, zero), 0, _merge_top4)
+            for j in tl.static_range(4):
+                pm, ps = top[2 * j], top[2 * j + 1]
+                at = (kk == 4 * r + j) & (4 * r + j < K)
+                keys = tl.where(at, pm, keys)
+                vals = tl.where(at, ps, vals)
+                tot += tl.where(4 * r + j < K, ps, 0.0)  # + 0.0 leaves a positive sum's bits
+                packed = tl.where(packed == pm, -1, packed)
+        return keys, vals, tot
     for i in range(K):
         pm, ps = tl.reduce((packed, s), 0, _pick_max)
         keys = tl.where(kk == i, pm, keys)
@@ -94,7 +135,7 @@ def _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K: tl.constexpr, KP
 def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
                       sorted_pairs, seg_expert, seg_start, num_segs,
                       K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr, ALIGN: tl.constexpr,
-                      USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+                      BY4: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     es = tl.arange(0, BLOCK_E)
     em = es < E
@@ -102,18 +143,18 @@ def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
     pdl_wait(USE_PDL)
     s = tl.sigmoid(tl.load(logits + b.to(tl.int64) * stride_l + es, mask=em, other=0.0).to(tl.float32))
     _route_token(s, bv, es, em, b, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start, num_segs,
-                 E, K, KP, ALIGN)
+                 E, K, KP, ALIGN, BY4)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
 
 
 @triton.jit
 def _route_token(s, bv, es, em, b, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start, num_segs,
-                 E, K: tl.constexpr, KP: tl.constexpr, ALIGN: tl.constexpr):
+                 E, K: tl.constexpr, KP: tl.constexpr, ALIGN: tl.constexpr, BY4: tl.constexpr = False):
     """Token b's top-k of s + bias (s = sigmoid(logits) [BLOCK_E]), stored; with ALIGN also
     moe_align's segments of it."""
     packed = tl.where(em, _packed_key(s + bv, es), -1)
-    keys, vals, tot = _select_topk(packed, s, K, KP)
+    keys, vals, tot = _select_topk(packed, s, K, KP, BY4)
     _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K, KP)
     if ALIGN:
         # Variant router_align_fused (one token): its K experts are distinct, so moe_align's
@@ -131,7 +172,7 @@ def _route_token(s, bv, es, em, b, topk_ids, topk_w, scale, sorted_pairs, seg_ex
 
 @triton.jit
 def moe_router_group_kernel(logits, bias, scratch, E, stride_l,
-                            K: tl.constexpr, KP: tl.constexpr, GS: tl.constexpr,
+                            K: tl.constexpr, KP: tl.constexpr, GS: tl.constexpr, BY4: tl.constexpr,
                             USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # Pass 1: the top-K candidates of one group of GS experts -> scratch[b, g, :, (key, s)].
     b = tl.program_id(0)
@@ -143,7 +184,7 @@ def moe_router_group_kernel(logits, bias, scratch, E, stride_l,
     pdl_wait(USE_PDL)
     s = tl.sigmoid(tl.load(logits + b.to(tl.int64) * stride_l + es, mask=em, other=0.0).to(tl.float32))
     packed = tl.where(em, _packed_key(s + bv, es), -1)
-    keys, vals, _ = _select_topk(packed, s, K, KP)
+    keys, vals, _ = _select_topk(packed, s, K, KP, BY4)
     kk = tl.arange(0, KP)
     dst = scratch + ((b * ng + g) * K + kk) * 2
     tl.store(dst, keys, mask=kk < K)
@@ -154,7 +195,7 @@ def moe_router_group_kernel(logits, bias, scratch, E, stride_l,
 
 @triton.jit
 def moe_router_merge_kernel(scratch, topk_ids, topk_w, NC, scale,
-                            K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr,
+                            K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, BY4: tl.constexpr,
                             USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # Pass 2: the global top-K is inside the union of the groups' top-K (same total order).
     b = tl.program_id(0)
@@ -164,7 +205,7 @@ def moe_router_merge_kernel(scratch, topk_ids, topk_w, NC, scale,
     src = scratch + (b * NC + cs) * 2
     packed = tl.load(src, mask=cm, other=-1)
     s = tl.load(src + 1, mask=cm, other=0).to(tl.int32).to(tl.float32, bitcast=True)
-    keys, vals, tot = _select_topk(packed, s, K, KP)
+    keys, vals, tot = _select_topk(packed, s, K, KP, BY4)
     _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K, KP)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
@@ -178,13 +219,17 @@ def router_scratch_shape(B: int, num_experts: int, top_k: int,
 def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
                topk_w: torch.Tensor, *, scale: float = 1.0, multipass: bool = False,
                scratch: torch.Tensor | None = None, group_size: int = ROUTER_GROUP,
-               align: tuple[torch.Tensor, ...] | None = None, delay_ns: int = 0) -> None:
+               align: tuple[torch.Tensor, ...] | None = None, by4: bool = False,
+               delay_ns: int = 0) -> None:
     """Sigmoid + bias top-k routing. multipass=True: pass 1 per (token, group of
     `group_size` experts), pass 2 merges; `scratch` (int64, `router_scratch_shape`) is
     allocated when not given (pass it under graph capture). Same ids and weights.
 
     align=(sorted_pairs, seg_expert, seg_start, num_segs), one token, single pass (variant
-    router_align_fused): also writes what `moe_align` would, bit for bit."""
+    router_align_fused): also writes what `moe_align` would, bit for bit.
+
+    by4 (variant router_top4): every selection round keeps the top 4, not 1; the same ids,
+    weights and segments, bit for bit."""
     B, E = logits.shape
     _, K = topk_ids.shape
     assert E < (1 << ID_BITS) and logits.stride(1) == 1 and bias.shape == (E,)
@@ -201,7 +246,7 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
         sp, se, ss, ns = align if align is not None else (topk_ids,) * 4  # unused without ALIGN
         launch(moe_router_kernel, (B,), logits, bias, topk_ids, topk_w, E, logits.stride(0),
                float(scale), sp, se, ss, ns, K=K, KP=KP, BLOCK_E=next_pow2(E),
-               ALIGN=align is not None, num_warps=4, delay_ns=delay_ns)
+               ALIGN=align is not None, BY4=by4, num_warps=4, delay_ns=delay_ns)
         return
     assert group_size == next_pow2(group_size) and group_size >= K
     shape = router_scratch_shape(B, E, K, group_size)
@@ -211,9 +256,9 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
     NG = shape[1]
     # The delay applies to the last kernel of the pair (the one whose stores the consumer reads).
     launch(moe_router_group_kernel, (B, NG), logits, bias, scratch, E, logits.stride(0),
-           K=K, KP=KP, GS=group_size, num_warps=4)
+           K=K, KP=KP, GS=group_size, BY4=by4, num_warps=4)
     launch(moe_router_merge_kernel, (B,), scratch, topk_ids, topk_w, NG * K, float(scale),
-           K=K, KP=KP, BLOCK_C=next_pow2(NG * K), num_warps=4, delay_ns=delay_ns)
+           K=K, KP=KP, BLOCK_C=next_pow2(NG * K), BY4=by4, num_warps=4, delay_ns=delay_ns)
 
 
 # --------------------------------------------------------------------------------------
