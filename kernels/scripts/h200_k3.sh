@@ -874,7 +874,8 @@ campaign66)  # round 23: the loaded-hop probe with the router chains (one and fo
   # (interleaved, 4 each), at B = 8; the router tests on the GPU
   timeout 150 python3 bench/loaded_hop.py --json $OUT/loaded66.json 2>&1 | grep "per hop\|TB/s\|router\|four"
   timeout 240 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C88 $C72 $C88 $C72 $C88 \
-    $C72 $C88 --json $OUT/step66.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//'
+    $C72 $C88 --json $OUT/step66.json 2>&1 | grep "B=\|FAILED" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign66_b8)  # round 23: C72 / C88 at B = 8; the router tests on the GPU
   timeout 120 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C72 $C88 $C72 $C88 \
     --json $OUT/step66_b8.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//'
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k "router" \
