@@ -880,6 +880,8 @@ campaign66_b8)  # round 23: C72 / C88 at B = 8; the router tests on the GPU
     --json $OUT/step66_b8.json 2>&1 | grep "B=" | sed 's/.*mla_kv_norm_insert//'
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k "router" \
     tests/kernels/test_k3_model.py::test_gpu_router_top4_bitwise 2>&1 | tail -2 ;;
+campaign67)  # round 23: where the router's time goes (top-1/4/16, the align, four a round, 1-8 warps), alone
+  timeout 200 python3 bench/router_parts.py --json $OUT/router67.json 2>&1 | grep "a call\|Error" ;;
 campaign65_gpu)  # round 22, the H200: every GPU test but CuTe DSL's (the last run of them all there was round 18)
   set -o pipefail
   timeout 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hop_floor.py tests/kernels/test_loaded_hop.py \
