@@ -289,14 +289,30 @@ def span_us(chain, n: int, load, replays: int) -> tuple[float, float]:
     return (statistics.median(spans) if spans else float("nan")), len(spans) / replays
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
+def marginal_us(chain, hops: int, load, replays: int) -> tuple[float, float]:
+    """A call's marginal us in the chain, (span of 2 x hops - span of hops) / hops, with `load`
+    (or None) beside it; and the smaller of the two spans' loaded fractions."""
+    one, cov1 = span_us(chain, hops, load, replays)
+    two, cov2 = span_us(chain, 2 * hops, load, replays)
+    return (two - one) / hops, min(cov1, cov2)
+
+
+def probe_args(script: str) -> argparse.Namespace | None:
+    """The probes' command line (--hops, --replays, --json); None, with a message, without a GPU."""
+    p = argparse.ArgumentParser(prog=script)
     p.add_argument("--hops", type=int, default=32)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--json", default="")
     args = p.parse_args()
     if not torch.cuda.is_available():
-        print("loaded_hop.py needs a CUDA device", file=sys.stderr)
+        print(f"{script} needs a CUDA device", file=sys.stderr)
+        return None
+    return args
+
+
+def main() -> int:
+    args = probe_args("loaded_hop.py")
+    if args is None:
         return 2
     load_forms = loads()
     rates = {name: stream_rate(fn, nbytes) for name, (fn, nbytes) in load_forms.items() if fn is not None}
@@ -306,14 +322,12 @@ def main() -> int:
     for cname, chain in chains(args.hops).items():
         alone = None
         for lname, (load, _) in load_forms.items():
-            one, cov1 = span_us(chain, args.hops, load, args.replays)
-            two, cov2 = span_us(chain, 2 * args.hops, load, args.replays)
-            per_hop = (two - one) / args.hops
+            per_hop, loaded = marginal_us(chain, args.hops, load, args.replays)
             alone = per_hop if load is None else alone
             res.setdefault(cname, {})[lname] = per_hop
-            res[cname][lname + " (loaded replays)"] = min(cov1, cov2)
+            res[cname][lname + " (loaded replays)"] = loaded
             print(f"    {cname:48s} {lname:44s} {per_hop:6.2f} us per hop  x{per_hop / alone:5.2f}"
-                  f"  (loaded replays: {min(cov1, cov2):.0%})")
+                  f"  (loaded replays: {loaded:.0%})")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"hops": args.hops, "stream_tb_s_alone": rates, "us_per_hop": res}, fh, indent=1)

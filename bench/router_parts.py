@@ -16,7 +16,6 @@ Runs on a GPU only; the forms it times are the ones tests/kernels/test_k3_ops.py
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -63,23 +62,14 @@ FORMS = {  # name -> (top k, align, four a round, warps)
 
 
 def main() -> int:
-    from loaded_hop import span_us  # bench/ is the script's directory
+    from loaded_hop import marginal_us, probe_args  # bench/ is the script's directory
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--hops", type=int, default=32)
-    p.add_argument("--replays", type=int, default=20)
-    p.add_argument("--json", default="")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("router_parts.py needs a CUDA device", file=sys.stderr)
+    args = probe_args("router_parts.py")
+    if args is None:
         return 2
-    res = {}
-    for name, form in FORMS.items():
-        chain = router_chain(*form)
-        one, _ = span_us(chain, args.hops, None, args.replays)
-        two, _ = span_us(chain, 2 * args.hops, None, args.replays)
-        res[name] = (two - one) / args.hops
-        print(f"    {name:48s} {res[name]:6.2f} us a call")
+    res = {name: marginal_us(router_chain(*form), args.hops, None, args.replays)[0] for name, form in FORMS.items()}
+    for name, us in res.items():
+        print(f"    {name:48s} {us:6.2f} us a call")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"hops": args.hops, "us_per_call": res}, fh, indent=1)
