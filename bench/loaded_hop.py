@@ -159,26 +159,12 @@ def chains(hops: int) -> dict[str, object]:
 
     # The router as c72 runs it beside the MoE front (router_align_fused): one program, the
     # top-16 of 896 sigmoid scores and the align's segments; each call rereads the same logits.
-    from kernels.k3.ops.moe import moe_router
-
-    E, K = 896, 16
-    logits = torch.randn(1, E, device="cuda", dtype=torch.float32, generator=g)
-    bias = torch.zeros(E, device="cuda", dtype=torch.float32)
-    ids = torch.empty(1, K, device="cuda", dtype=torch.int32)
-    weights = torch.empty(1, K, device="cuda", dtype=torch.float32)
-    align = tuple(torch.empty(n, device="cuda", dtype=torch.int32) for n in (K, K, K + 1, 1))
-
-    def router(by4):
-        def chain(n):
-            with early_trigger(True):
-                for _ in range(n):
-                    moe_router(logits, bias, ids, weights, align=align, by4=by4)
-        return chain
+    from router_parts import router_chain  # bench/ is the script's directory
 
     return {"hop_kernel, 7 programs": hop, "rmsnorm, 1 x 7168": norm,
             "attn_res score -> combine, 8 rows, 1024 columns": pair,
-            "moe_router + align, top-16 of 896 (1 program)": router(False),
-            "the same, four a round (router_top4)": router(True)}
+            "moe_router + align, top-16 of 896 (1 program)": router_chain(16, True, False, 4),
+            "the same, four a round (router_top4)": router_chain(16, True, True, 4)}
 
 
 def loads() -> dict[str, tuple[object, int]]:
