@@ -164,7 +164,8 @@ def chains(hops: int) -> dict[str, object]:
     return {"hop_kernel, 7 programs": hop, "rmsnorm, 1 x 7168": norm,
             "attn_res score -> combine, 8 rows, 1024 columns": pair,
             "moe_router + align, top-16 of 896 (1 program)": router_chain(16, True, False, 4),
-            "the same, four a round (router_top4)": router_chain(16, True, True, 4)}
+            "the same, four a round (router_top4)": router_chain(16, True, True, 4),
+            "the same, one bitonic network (router_bitonic)": router_chain(16, True, False, 4, True)}
 
 
 def loads() -> dict[str, tuple[object, int]]:

@@ -7,7 +7,7 @@ front) took 6.2 us a call in a PDL chain on an H100 where the 1-row RMSNorm took
 bare hop 0.7 (round twenty-three, bench/loaded_hop.py); four picks a selection round
 (router_top4) took 5.8. This splits the rest: top-1 against top-4 and top-16 (the rounds),
 with and without the align, one and four picks a round, at 1 to 8 warps (the cross-warp
-exchange each round pays). Each figure is loaded_hop's marginal us of a call (span of 2 x hops
+exchange each round pays); and the selection as one bitonic top-k network (router_bitonic). Each figure is loaded_hop's marginal us of a call (span of 2 x hops
 minus span of hops, over hops; median of graph replays), launched as the step launches it
 (PDL, early triggers).
 
@@ -30,7 +30,7 @@ from kernels.k3.ops.moe import moe_router_kernel
 E = 896
 
 
-def router_chain(k: int, align: bool, by4: bool, warps: int):
+def router_chain(k: int, align: bool, by4: bool, warps: int, sort: bool = False):
     """fn(n): n router calls on the same logits, as moe_router launches them, at `warps`."""
     g = torch.Generator(device="cuda").manual_seed(7)
     logits = torch.randn(1, E, device="cuda", dtype=torch.float32, generator=g)
@@ -43,11 +43,12 @@ def router_chain(k: int, align: bool, by4: bool, warps: int):
         with early_trigger(True):
             for _ in range(n):
                 launch(moe_router_kernel, (1,), logits, bias, ids, weights, E, logits.stride(0), 1.0, *seg,
-                       K=k, KP=next_pow2(k), BLOCK_E=next_pow2(E), ALIGN=align, BY4=by4, num_warps=warps)
+                       K=k, KP=next_pow2(k), BLOCK_E=next_pow2(E), ALIGN=align, BY4=by4,
+                       SORTED=sort, num_warps=warps)
     return chain
 
 
-FORMS = {  # name -> (top k, align, four a round, warps)
+FORMS = {  # name -> (top k, align, four a round, warps[, one bitonic network])
     "top-16 + align, 4 warps (c72)": (16, True, False, 4),
     "top-16 + align, 4 warps, four a round (c88)": (16, True, True, 4),
     "top-16, no align, 4 warps": (16, False, False, 4),
@@ -58,6 +59,10 @@ FORMS = {  # name -> (top k, align, four a round, warps)
     "top-16 + align, 8 warps": (16, True, False, 8),
     "top-16 + align, 2 warps, four a round": (16, True, True, 2),
     "top-16 + align, 8 warps, four a round": (16, True, True, 8),
+    "top-16 + align, 4 warps, bitonic (router_bitonic)": (16, True, False, 4, True),
+    "top-16, no align, 4 warps, bitonic": (16, False, False, 4, True),
+    "top-16 + align, 2 warps, bitonic": (16, True, False, 2, True),
+    "top-16 + align, 8 warps, bitonic": (16, True, False, 8, True),
 }
 
 

@@ -937,7 +937,8 @@ class K3Decode:
         self._triton(P.ROUTER, moe_router, logits, w.router_bias, s.topk_ids[l], s.topk_w[l],
                      scale=cfg.routed_scale, multipass=self.variant.router_multipass,
                      scratch=s.router_scratch, group_size=cfg.router_group,
-                     align=seg if fused else None, by4=self.variant.router_top4)
+                     align=seg if fused else None, by4=self.variant.router_top4,
+                     sort=self.variant.router_bitonic)
         if not fused:
             self._triton(P.ALIGN, moe_align, s.topk_ids[l], cfg.experts, *seg)
 

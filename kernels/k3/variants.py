@@ -77,6 +77,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "kda_split_v": ("kda_split_v", True),  # B = 1: kda_step over V quarters, the fused norm across a barrier
     "shared_front_leg": ("shared_front_leg", True),  # B = 1: the shared experts' front columns as S1's own GEMM
     "router_top4": ("router_top4", True),  # the router's top-k four a selection round, not one (bit for bit)
+    "router_bitonic": ("router_bitonic", True),  # the router's top-k one bitonic top-k network, no rounds (bit for bit)
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -178,6 +179,8 @@ class Variant:
                                      # as their own GEMM at the head of the S1 leg, forked after the latent columns
     router_top4: bool = False        # the router's selection rounds keep the top 4 (a bitonic merge in the reduction),
                                      # 4 rounds for top-16, not 16; the same routing, bit for bit
+    router_bitonic: bool = False     # the router's selection (single pass, the groups of multipass) is one bitonic
+                                     # top-k network (tl.topk), no rounds; the same routing, bit for bit
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

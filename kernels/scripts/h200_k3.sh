@@ -275,6 +275,7 @@ C86=$C85+side_priority
 C87=$C85@leg=64,128,4,2/4
 # Round twenty-three: c72 with the router's top-k four a selection round (the same routing, bit for bit).
 C88=$C72+router_top4
+C89=$C72+router_bitonic
 
 case $phase in
 campaign_test)
@@ -882,6 +883,18 @@ campaign66_b8)  # round 23: C72 / C88 at B = 8; the router tests on the GPU
     tests/kernels/test_k3_model.py::test_gpu_router_top4_bitwise 2>&1 | tail -2 ;;
 campaign67)  # round 23: where the router's time goes (top-1/4/16, the align, four a round, 1-8 warps), alone
   timeout 200 python3 bench/router_parts.py --json $OUT/router67.json 2>&1 | grep "a call\|Error" ;;
+campaign68)  # round 24: the router by part with the bitonic network; C72 / C88 / C89 at B = 1 (interleaved)
+  timeout 200 python3 bench/router_parts.py --json $OUT/router68.json 2>&1 | grep "a call\|Error"
+  timeout 360 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C88 $C89 $C72 $C88 $C89 \
+    $C72 $C88 $C89 --json $OUT/step68.json 2>&1 | grep "B=\|FAILED\|ratio\|TB/s" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign68_b8)  # round 24: C72 / C89 at B = 8 and 64; the router tests on the GPU
+  timeout 120 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C72 $C89 $C72 $C89 \
+    --json $OUT/step68_b8.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//'
+  timeout 150 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C72 $C89 \
+    --json $OUT/step68_b64.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//'
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k "router" \
+    tests/kernels/test_k3_model.py::test_gpu_router_top4_bitwise tests/kernels/test_k3_model.py::test_gpu_router_bitonic_bitwise \
+    2>&1 | tail -2 ;;
 campaign65_gpu)  # round 22, the H200: every GPU test but CuTe DSL's (the last run of them all there was round 18)
   set -o pipefail
   timeout 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hop_floor.py tests/kernels/test_loaded_hop.py \

@@ -764,6 +764,15 @@ def test_gpu_router_top4_bitwise(batch):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_router_bitonic_bitwise(batch):
+    # The router's top-k as one bitonic network (tl.topk, the scores gathered by id): the same
+    # routing, so outputs, banks and state bit for bit, in c49 (as the top-4 test above).
+    assert_same(gpu_replay_outputs(batch, GLUON), gpu_replay_outputs(batch, f"{GLUON}+router_bitonic"))
+
+
+@gpu
+@needs_cuda
 def test_gpu_shared_front_leg_small_split_matches_reference(monkeypatch):
     # The S1 GEMM at a small config split over K (gemv.SHARED_LEG): fp32 partials in another
     # order, so against the reference, as the other near builds.

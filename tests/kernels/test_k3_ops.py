@@ -715,7 +715,11 @@ def test_gate_mul():
 # =========================================================================================
 # MoE
 # =========================================================================================
-def _router_case(B, E, K, gs, seed, ties=False, with_by4=True):
+ROUTER_FORMS = ((False, False, False), (True, False, False), (False, True, False), (True, True, False),
+                (False, False, True), (True, False, True))  # (multipass, by4, sort); the first is the reference
+
+
+def _router_case(B, E, K, gs, seed, ties=False, forms=ROUTER_FORMS):
     g = gen(seed)
     if ties:  # few distinct logits and no bias: many exact ties, broken by lower id
         logits = (torch.randint(-2, 3, (B, E + 8), generator=torch.Generator().manual_seed(seed))
@@ -726,16 +730,14 @@ def _router_case(B, E, K, gs, seed, ties=False, with_by4=True):
         bias = randn(g, E, scale=0.1, dtype=F32)
     rid, rw = R.ref_moe_router(logits, bias, K, scale=2.5)
     outs = []
-    for multipass, by4 in ((False, False), (True, False), (False, True), (True, True)):
-        if by4 and not with_by4:
-            continue
+    for multipass, by4, sort in forms:
         ids, w = ints(B, K), torch.empty(B, K, device=DEV, dtype=F32)
-        moe.moe_router(logits, bias, ids, w, scale=2.5, multipass=multipass, group_size=gs, by4=by4)
+        moe.moe_router(logits, bias, ids, w, scale=2.5, multipass=multipass, group_size=gs, by4=by4, sort=sort)
         outs.append((ids, w))
     (ids1, w1), *others = outs
     assert torch.equal(ids1.cpu(), rid.cpu())
     close(w1, rw, atol=1e-6, rtol=1e-5)
-    # variants router_multipass and router_top4: same ids and weights, bit for bit
+    # variants router_multipass, router_top4 and router_bitonic: same ids and weights, bit for bit
     for ids2, w2 in others:
         assert torch.equal(ids1, ids2) and torch.equal(w1, w2)
 
@@ -745,15 +747,16 @@ def _router_case(B, E, K, gs, seed, ties=False, with_by4=True):
                                            (2, 100, 6, 32, True)])
 def test_router(B, E, K, gs, ties):
     """Single-CTA and multipass routers vs the reference: ids exact (selection order),
-    weights 1e-5; multipass and the top-4 rounds (router_top4) bitwise equal to single-pass
-    (several groups; K = 6 leaves the last round two spare picks)."""
+    weights 1e-5; multipass, the top-4 rounds (router_top4) and the bitonic network
+    (router_bitonic) bitwise equal to single-pass (several groups; K = 6 leaves the last round
+    two spare picks and the network two spare slots)."""
     _router_case(B, E, K, gs, 11, ties)
 
 
 def test_router_k3_shape():
     """896 experts, top-16, 7 groups of 128 (one token: the interpreter is slow here, so
-    router_top4 at this shape is left to the align test below)."""
-    _router_case(1, 896, 16, 128, 12, with_by4=False)
+    router_top4 at this shape is left to the align test below; the bitonic network is fast)."""
+    _router_case(1, 896, 16, 128, 12, forms=ROUTER_FORMS[:2] + ROUTER_FORMS[4:])
 
 
 @pytest.mark.parametrize("B,E,K", [(1, 64, 4), (5, 64, 4), (64, 64, 4), (64, 896, 16)])
@@ -790,10 +793,11 @@ def test_score_with_add3_folded_bitwise(n_rows):
     assert torch.equal(bank_f, bank_s) and torch.equal(sc_f, sc_s)
 
 
-@pytest.mark.parametrize("E,K,by4", [(64, 4, False), (896, 16, False), (64, 4, True), (896, 16, True)])
-def test_router_align_fused_bitwise(E, K, by4):
+@pytest.mark.parametrize("E,K,by4,sort", [(64, 4, False, False), (896, 16, False, False), (64, 4, True, False),
+                                          (896, 16, True, False), (64, 4, False, True), (896, 16, False, True)])
+def test_router_align_fused_bitwise(E, K, by4, sort):
     """Variant router_align_fused (one token): the router's own segments equal moe_align's;
-    with router_top4 (by4) too, against the one-a-round router."""
+    with router_top4 (by4) and router_bitonic (sort) too, against the one-a-round router."""
     g = gen(31)
     logits, bias = randn(g, 1, E), randn(g, E, scale=0.05, dtype=F32)
     ids, w = ints(1, K), torch.empty(1, K, device=DEV, dtype=F32)
@@ -801,7 +805,7 @@ def test_router_align_fused_bitwise(E, K, by4):
     want = _aligned(ids, E)
     ids_f, w_f = ints(1, K), torch.empty(1, K, device=DEV, dtype=F32)
     got = (ints(K), ints(K), ints(K + 1), ints(1))
-    moe.moe_router(logits, bias, ids_f, w_f, align=got, by4=by4)
+    moe.moe_router(logits, bias, ids_f, w_f, align=got, by4=by4, sort=sort)
     assert torch.equal(ids_f, ids) and torch.equal(w_f, w)
     for a, b in zip(got, want):
         assert torch.equal(a, b)

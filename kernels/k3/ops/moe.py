@@ -90,15 +90,31 @@ def _merge_top4(a1, x1, a2, x2, a3, x3, a4, x4, b1, y1, b2, y2, b3, y3, b4, y4):
 
 
 @triton.jit
-def _select_topk(packed, s, K: tl.constexpr, KP: tl.constexpr, BY4: tl.constexpr = False):
+def _select_topk(packed, s, K: tl.constexpr, KP: tl.constexpr, BY4: tl.constexpr = False,
+                 SORTED: tl.constexpr = False, base=0):
     """K rounds of argmax over packed keys (-1 = empty). Returns the keys and scores in
     selection order and their sum, accumulated in that order (bit-stable across paths).
 
     BY4 (variant router_top4): each round's reduction keeps the top 4, so a quarter of the
     rounds (cross-warp exchanges) for more compares each. Same keys, scores and sum, bit for
     bit. On an H100 the router with the align took 5.84 against 6.21 us a call alone
-    (kernels/README.md, round twenty-three): the rounds are not most of its time."""
+    (kernels/README.md, round twenty-three), though top-16 took 6.0 us against top-1's 1.35.
+
+    SORTED (variant router_bitonic): no rounds. One bitonic top-k network over the keys
+    (sort blocks of KP, then halve by pairwise maxima), whose exchanges are mostly shuffles and
+    run for all keys at once, not one reduction after another. Keys are distinct, so the KP it
+    keeps, descending, are the rounds' picks in their order; the scores are gathered from s at
+    each pick's position (its id - base: s must be laid out by id) and summed in that order:
+    bit for bit. Needs a power-of-two packed (BLOCK_E) >= KP."""
     kk = tl.arange(0, KP)
+    if SORTED:
+        keys = tl.topk(packed, KP)
+        pos = tl.where(keys >= 0, (65535 - (keys & 65535)).to(tl.int32) - base, 0)
+        vals = tl.gather(s, pos, 0)
+        tot = tl.zeros([], dtype=tl.float32)
+        for i in tl.static_range(K):  # the rounds' order: a sum tree would round differently
+            tot += tl.sum(tl.where(kk == i, vals, 0.0))  # + 0.0 leaves a positive score's bits
+        return keys, vals, tot
     keys = tl.full([KP], -1, tl.int64)
     vals = tl.zeros([KP], dtype=tl.float32)
     tot = tl.zeros([], dtype=tl.float32)
@@ -136,7 +152,8 @@ def _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K: tl.constexpr, KP
 def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
                       sorted_pairs, seg_expert, seg_start, num_segs,
                       K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr, ALIGN: tl.constexpr,
-                      BY4: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+                      BY4: tl.constexpr, SORTED: tl.constexpr, USE_PDL: tl.constexpr,
+                      DELAY_NS: tl.constexpr):
     b = tl.program_id(0)
     es = tl.arange(0, BLOCK_E)
     em = es < E
@@ -144,18 +161,19 @@ def moe_router_kernel(logits, bias, topk_ids, topk_w, E, stride_l, scale,
     pdl_wait(USE_PDL)
     s = tl.sigmoid(tl.load(logits + b.to(tl.int64) * stride_l + es, mask=em, other=0.0).to(tl.float32))
     _route_token(s, bv, es, em, b, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start, num_segs,
-                 E, K, KP, ALIGN, BY4)
+                 E, K, KP, ALIGN, BY4, SORTED)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
 
 
 @triton.jit
 def _route_token(s, bv, es, em, b, topk_ids, topk_w, scale, sorted_pairs, seg_expert, seg_start, num_segs,
-                 E, K: tl.constexpr, KP: tl.constexpr, ALIGN: tl.constexpr, BY4: tl.constexpr = False):
+                 E, K: tl.constexpr, KP: tl.constexpr, ALIGN: tl.constexpr, BY4: tl.constexpr = False,
+                 SORTED: tl.constexpr = False):
     """Token b's top-k of s + bias (s = sigmoid(logits) [BLOCK_E]), stored; with ALIGN also
     moe_align's segments of it."""
     packed = tl.where(em, _packed_key(s + bv, es), -1)
-    keys, vals, tot = _select_topk(packed, s, K, KP, BY4)
+    keys, vals, tot = _select_topk(packed, s, K, KP, BY4, SORTED)  # s is laid out by id: es from 0
     _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K, KP)
     if ALIGN:
         # Variant router_align_fused (one token): its K experts are distinct, so moe_align's
@@ -174,7 +192,7 @@ def _route_token(s, bv, es, em, b, topk_ids, topk_w, scale, sorted_pairs, seg_ex
 @triton.jit
 def moe_router_group_kernel(logits, bias, scratch, E, stride_l,
                             K: tl.constexpr, KP: tl.constexpr, GS: tl.constexpr, BY4: tl.constexpr,
-                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
+                            SORTED: tl.constexpr, USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr):
     # Pass 1: the top-K candidates of one group of GS experts -> scratch[b, g, :, (key, s)].
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -185,7 +203,7 @@ def moe_router_group_kernel(logits, bias, scratch, E, stride_l,
     pdl_wait(USE_PDL)
     s = tl.sigmoid(tl.load(logits + b.to(tl.int64) * stride_l + es, mask=em, other=0.0).to(tl.float32))
     packed = tl.where(em, _packed_key(s + bv, es), -1)
-    keys, vals, _ = _select_topk(packed, s, K, KP, BY4)
+    keys, vals, _ = _select_topk(packed, s, K, KP, BY4, SORTED, g * GS)
     kk = tl.arange(0, KP)
     dst = scratch + ((b * ng + g) * K + kk) * 2
     tl.store(dst, keys, mask=kk < K)
@@ -206,7 +224,7 @@ def moe_router_merge_kernel(scratch, topk_ids, topk_w, NC, scale,
     src = scratch + (b * NC + cs) * 2
     packed = tl.load(src, mask=cm, other=-1)
     s = tl.load(src + 1, mask=cm, other=0).to(tl.int32).to(tl.float32, bitcast=True)
-    keys, vals, tot = _select_topk(packed, s, K, KP, BY4)
+    keys, vals, tot = _select_topk(packed, s, K, KP, BY4)  # candidates are not laid out by id
     _store_topk(keys, vals, tot, topk_ids, topk_w, b, scale, K, KP)
     spin(DELAY_NS)  # before the trigger: the delay must show as this kernel's own time
     pdl_trigger(USE_PDL)
@@ -221,7 +239,7 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
                topk_w: torch.Tensor, *, scale: float = 1.0, multipass: bool = False,
                scratch: torch.Tensor | None = None, group_size: int = ROUTER_GROUP,
                align: tuple[torch.Tensor, ...] | None = None, by4: bool = False,
-               delay_ns: int = 0) -> None:
+               sort: bool = False, delay_ns: int = 0) -> None:
     """Sigmoid + bias top-k routing. multipass=True: pass 1 per (token, group of
     `group_size` experts), pass 2 merges; `scratch` (int64, `router_scratch_shape`) is
     allocated when not given (pass it under graph capture). Same ids and weights.
@@ -230,7 +248,12 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
     router_align_fused): also writes what `moe_align` would, bit for bit.
 
     by4 (variant router_top4): every selection round keeps the top 4, not 1; the same ids,
-    weights and segments, bit for bit."""
+    weights and segments, bit for bit.
+
+    sort (variant router_bitonic): the selection is one bitonic top-k network, no rounds (the
+    single pass and multipass's groups; its merge keeps its rounds, as its candidates are not
+    laid out by id); the same ids, weights and segments, bit for bit. It takes precedence
+    over by4 where both are given."""
     B, E = logits.shape
     _, K = topk_ids.shape
     assert E < (1 << ID_BITS) and logits.stride(1) == 1 and bias.shape == (E,)
@@ -247,7 +270,7 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
         sp, se, ss, ns = align if align is not None else (topk_ids,) * 4  # unused without ALIGN
         launch(moe_router_kernel, (B,), logits, bias, topk_ids, topk_w, E, logits.stride(0),
                float(scale), sp, se, ss, ns, K=K, KP=KP, BLOCK_E=next_pow2(E),
-               ALIGN=align is not None, BY4=by4, num_warps=4, delay_ns=delay_ns)
+               ALIGN=align is not None, BY4=by4, SORTED=sort, num_warps=4, delay_ns=delay_ns)
         return
     assert group_size == next_pow2(group_size) and group_size >= K
     shape = router_scratch_shape(B, E, K, group_size)
@@ -257,7 +280,7 @@ def moe_router(logits: torch.Tensor, bias: torch.Tensor, topk_ids: torch.Tensor,
     NG = shape[1]
     # The delay applies to the last kernel of the pair (the one whose stores the consumer reads).
     launch(moe_router_group_kernel, (B, NG), logits, bias, scratch, E, logits.stride(0),
-           K=K, KP=KP, GS=group_size, BY4=by4, num_warps=4)
+           K=K, KP=KP, GS=group_size, BY4=by4, SORTED=sort, num_warps=4)
     launch(moe_router_merge_kernel, (B,), scratch, topk_ids, topk_w, NG * K, float(scale),
            K=K, KP=KP, BLOCK_C=next_pow2(NG * K), BY4=by4, num_warps=4, delay_ns=delay_ns)
 
