@@ -895,6 +895,11 @@ campaign68_b8)  # round 24: C72 / C89 at B = 8 and 64; the router tests on the G
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k "router" \
     tests/kernels/test_k3_model.py::test_gpu_router_top4_bitwise tests/kernels/test_k3_model.py::test_gpu_router_bitonic_bitwise \
     2>&1 | tail -2 ;;
+campaign68_rec)  # round 24: C72 and C89 at 8 layers, 40 steps, two runs each interleaved (carry .nsys): the diff
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in a b; do rec k3_bs1_c72_$r --layers 8 --steps 40 --variant $C72; rec k3_bs1_c89_$r --layers 8 --steps 40 --variant $C89; done
+  pack k3_c72_c89 ;;
 campaign65_gpu)  # round 22, the H200: every GPU test but CuTe DSL's (the last run of them all there was round 18)
   set -o pipefail
   timeout 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hop_floor.py tests/kernels/test_loaded_hop.py \
