@@ -898,7 +898,7 @@ campaign68_b8)  # round 24: C72 / C89 at B = 8 and 64; the router tests on the G
 campaign68_rec)  # round 24: C72 and C89 at 8 layers, 40 steps, two runs each interleaved (carry .nsys): the diff
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
-  for r in a b; do  # each pair packed as soon as it is recorded (a short lease keeps the first)
+  for r in ${RUNS:-a b}; do  # each pair packed as soon as it is recorded (a short lease keeps the first)
     rm -f /tmp/rec/*
     rec k3_bs1_c72_$r --layers 8 --steps 40 --variant $C72; rec k3_bs1_c89_$r --layers 8 --steps 40 --variant $C89
     pack k3_c72_c89_$r
