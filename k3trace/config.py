@@ -48,6 +48,7 @@ class Config:
     full_attention_families: tuple[str, ...]
     pdl_max_gap_ns: int
     pdl_max_overlap_ns: int
+    pdl_max_tail_ns: int
     silent_stretch_ns: int
 
     max_decompressed_bytes: int
@@ -80,6 +81,7 @@ class Config:
                                                    "full_attention_families")),
             pdl_max_gap_ns=_int(pdl, "pdl.max_gap_ns", "max_gap_ns", lo=0),
             pdl_max_overlap_ns=_int(pdl, "pdl.max_overlap_ns", "max_overlap_ns", lo=0),
+            pdl_max_tail_ns=_int(pdl, "pdl.max_tail_ns", "max_tail_ns", lo=0),
             silent_stretch_ns=int(_number(comp, "completeness.silent_stretch_ms", "silent_stretch_ms", lo=0,
                                           lo_open=True, hi=1e9) * 1e6),
             max_decompressed_bytes=int(_number(inp, "input.max_decompressed_gib", "max_decompressed_gib", lo=0,
@@ -102,7 +104,7 @@ class Config:
         """For a platform without programmatic dependent launch (HIP): roctracer reports a
         graph replay's kernels back to back (gaps of 0-2 ns on the MI300X), which the CUDA
         threshold would read as PDL edges; here no gap or overlap is one."""
-        return replace(self, pdl_max_gap_ns=_NO_PDL_GAP_NS, pdl_max_overlap_ns=0)
+        return replace(self, pdl_max_gap_ns=_NO_PDL_GAP_NS, pdl_max_overlap_ns=0, pdl_max_tail_ns=0)
 
 
 #: No same-stream gap is this short: `without_pdl`'s threshold (a TOML file cannot set a

@@ -19,13 +19,18 @@ from k3trace.config import Config
 from k3trace.ordering import sort_positions, stable_positions
 
 STREAM, JOIN, LAUNCH = "stream", "join", "launch"
+#: Share of stable steps in which a launch must end a short tail after another stream's
+#: producer for that producer to release it (a wait inside the run, not two ends that met).
+TAIL_STEP_SHARE = 0.9
 
 
 def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     """Stable-step kernels with their three candidate releasers and the binding one.
 
     Adds: stream_pred / join_pred (kernel_id), stream_release / join_release /
-    launch_release (ns), release (ns), binding (stream|join|launch), pdl (bool).
+    launch_release (ns), release (ns), binding (stream|join|launch), pdl (bool: the binding
+    edge is a PDL edge), pdl_start (bool: the kernel starts at its stream predecessor's end
+    by PDL, whichever input released it).
 
     The orders are row positions (k3trace/ordering.py: where keys tie, polars' sort decides,
     as when the frame was sorted itself); the look-ups over them are numpy positions and one
@@ -46,7 +51,8 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
     by_stream_edge = has_stream & (stream_release == release)
     by_join = ~by_stream_edge & has_join & (join_release == release)
     by_launch = ~by_stream_edge & ~by_join & has_launch
-    pdl = (by_stream_edge & (start - stream_release <= cfg.pdl_max_gap_ns)) | (by_join & (join_release > start))
+    pdl_start = has_stream & (start - stream_release <= cfg.pdl_max_gap_ns)
+    pdl = (by_stream_edge & pdl_start) | (by_join & (join_release > start))
     # Released by its CPU launch: the path goes on through the host to the kernel that ran
     # before on its stream (else the latest on another), and the wait between that one's
     # end and this start is a launch bubble. On an eager trace the path otherwise ended at
@@ -72,6 +78,7 @@ def dependency_edges(kernels: pl.DataFrame, cfg: Config) -> pl.DataFrame:
         _nullable("release", release, has_release),
         binding.alias("binding"),
         pl.Series("pdl", pdl),
+        pl.Series("pdl_start", pdl_start),
         _nullable("pred", pred, via_stream | via_join, id_type),
         _nullable("path_release", path_release, has_path_release),
     )
@@ -99,7 +106,7 @@ def _candidates(cols: pl.DataFrame, cfg: Config) -> _Candidates:
     # The scans run in (step, start, end) order, on arrays: the frame itself is never
     # sorted, and the results go back to its rows by position (peak memory).
     by_start = sort_positions(cols, "step", "start", "end")
-    k = cols.select("kernel_id", "step", "stream_id", "start", "end", "launch_start")
+    k = cols.select("kernel_id", "step", "stream_id", "start", "end", "launch_start", "launch_rank")
     # The stable kernels come in that order already (sorted by start, steps cut in time
     # order): then neither the gather into it nor the gathers back to the rows are needed.
     in_order = bool(np.array_equal(by_start, np.arange(len(by_start))))
@@ -119,19 +126,45 @@ def _candidates(cols: pl.DataFrame, cfg: Config) -> _Candidates:
     lookup = _EndOrder.of(k, step, stream)
     join_at, has_join = lookup.latest_other_stream(step, stream, start)
     launch = k["launch_start"]
+    rank = k["launch_rank"].fill_null(-1).to_numpy().astype(np.int64)
     has_launch = launch.is_not_null().to_numpy()
     launch_at = launch.fill_null(0).to_numpy()
     # Graph replays place programmatic (PDL) edges across internal streams too, and there
     # the dependent's reported start precedes its producer's end (its prologue ran first).
     # Where the usual candidates leave a wait, a producer on another stream ending within
-    # `pdl_max_overlap_ns` after the start (and before the kernel's own end) released it.
+    # `pdl_max_overlap_ns` after the start released it, even past the kernel's own end: a
+    # record under early triggers ends where the kernel triggered its dependents, so a
+    # producer that did its last work after triggering ends after a consumer that only
+    # waited for it and triggered (the K3 gate|up GEMM, 0.85 us, starts 1.6 us before the
+    # shared SiTU that holds the front GEMM's tail ends, and ends before it).
     usual, has_usual = _latest((end[prev], has_stream), (lookup.end[join_at], has_join), (launch_at, has_launch))
     waited = np.flatnonzero(has_usual & (start - usual > cfg.pdl_max_gap_ns))
-    probe = np.minimum(start[waited] + cfg.pdl_max_overlap_ns, end[waited] - 1)
+    probe = start[waited] + cfg.pdl_max_overlap_ns
     ov_at, has_ov = lookup.latest_other_stream(step[waited], stream[waited], probe)
     has_ov &= lookup.end[ov_at] > start[waited]
     join_at[waited[has_ov]] = ov_at[has_ov]
     has_join[waited[has_ov]] = True
+    # A PDL-launched kernel can also wait inside its run: launched as soon as its stream
+    # predecessor triggered, it sits in `griddepcontrol.wait` until a producer on another
+    # stream completes, and ends only a short tail after it (the K3 MoE gate|up GEMM, launched
+    # at the router's end, waits there for the front GEMM and ends 0.3-0.5 us after it in
+    # every layer, whether the router ends 15 us or 8 us before the front). Its stream
+    # predecessor did not release it: the producer, started before it and ending within
+    # `pdl_max_tail_ns` of its end, did. A wait does so in every replay of the graph; two
+    # kernels that merely end close together do so in some (a KDA gate GEMM beside qkvg at
+    # B = 8: 11-26 of 38 steps, tails spread to the limit), so the kernel's launch must show
+    # it in `TAIL_STEP_SHARE` of the stable steps.
+    launched_at_release = has_usual & (start - usual <= cfg.pdl_max_gap_ns)
+    rest = np.flatnonzero(launched_at_release & (end - start > cfg.pdl_max_tail_ns))
+    if cfg.pdl_max_tail_ns > 0 and len(rest):
+        tail_at, has_tail = lookup.latest_other_stream(step[rest], stream[rest], end[rest] - 1)
+        p_end = lookup.end[tail_at]
+        has_tail &= (p_end > start[rest]) & (end[rest] - p_end <= cfg.pdl_max_tail_ns)
+        has_tail &= lookup.start[tail_at] < start[rest]
+        has_tail &= p_end > usual[rest]
+        has_tail &= _every_replay(rank, rest, has_tail)
+        join_at[rest[has_tail]] = tail_at[has_tail]
+        has_join[rest[has_tail]] = True
     if in_order:
         return _Candidates(stream_pred=kid[prev], stream_release=end[prev], has_stream=has_stream,
                            join_pred=lookup.kernel_id[join_at], join_release=lookup.end[join_at],
@@ -141,6 +174,19 @@ def _candidates(cols: pl.DataFrame, cfg: Config) -> _Candidates:
     return _Candidates(stream_pred=kid[prev][row], stream_release=end[prev][row], has_stream=has_stream[row],
                        join_pred=lookup.kernel_id[join_at][row], join_release=lookup.end[join_at][row],
                        has_join=has_join[row], launch_release=launch_at[row], has_launch=has_launch[row])
+
+
+def _every_replay(rank: np.ndarray, rows: np.ndarray, holds: np.ndarray) -> np.ndarray:
+    """Per row of `rows`: whether its launch (`rank`, the same kernel in every step; -1
+    unknown) shows `holds` in at least TAIL_STEP_SHARE of the steps it ran in."""
+    known = rank >= 0
+    if not known.any():
+        return np.zeros(len(rows), dtype=bool)
+    size = int(rank.max()) + 1
+    runs = np.bincount(rank[known], minlength=size)
+    shown = np.bincount(rank[rows[holds & known[rows]]], minlength=size)
+    r = rank[rows]
+    return known[rows] & (shown[np.clip(r, 0, None)] >= TAIL_STEP_SHARE * runs[np.clip(r, 0, None)])
 
 
 def _nullable(name: str, values: np.ndarray, valid: np.ndarray, dtype: pl.DataType = pl.Int64) -> pl.Series:
@@ -167,6 +213,7 @@ class _EndOrder:
     kernel_id: np.ndarray
     step: np.ndarray
     stream: np.ndarray
+    start: np.ndarray
     end: np.ndarray
     before_run: np.ndarray
     steps: np.ndarray       # distinct steps, ascending
@@ -211,7 +258,8 @@ class _EndOrder:
         if len(steps) and int(steps[-1]) - int(steps[0]) < 4 * len(steps) + 1024:
             step_index = np.zeros(int(steps[-1]) - int(steps[0]) + 1, dtype=np.int64)
             step_index[steps - steps[0]] = np.arange(len(steps))
-        return cls(kernel_id=k["kernel_id"].to_numpy()[order], step=s, stream=st, end=end, before_run=before_run,
+        return cls(kernel_id=k["kernel_id"].to_numpy()[order], step=s, stream=st,
+                   start=k["start"].to_numpy()[order], end=end, before_run=before_run,
                    steps=steps, base=base, stride=stride, key=key, step_index=step_index)
 
     def _step_positions(self, step: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ KERNEL_COLUMNS = ("kernel_id", "start", "end", "stream_id", "correlation_id", "n
                   "eager_step", "launch_rank", "layer", "family", "label_source", "segment")
 #: Columns kept of the stable-step kernels with their dependency edges.
 PATH_COLUMNS = ("kernel_id", "step", "stream_id", "start", "end", "name", "family", "layer", "launch_rank",
-                "binding", "pdl", "pred", "release", "on_path", "critical_ns", "bubble_ns")
+                "binding", "pdl", "pdl_start", "pred", "release", "on_path", "critical_ns", "bubble_ns")
 #: The parts of an analysis that a diff never reads: it and its pages read the step times
 #: and quantiles, the family table, the graph, the path and kernels, the pre-attention
 #: windows and the completeness. The diff's analyses leave these out (`Analysis.omitted`).

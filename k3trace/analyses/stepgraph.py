@@ -103,7 +103,8 @@ def build(path: pl.DataFrame) -> StepGraph:
     launch_at = np.maximum(launch_at, 0.0)
     nodes = rep.select("kernel_id", "launch_rank", "name", "signature", "family", "layer", "stream_id",
                        (pl.col("start") - pl.col("step_start")).alias("start"),
-                       pl.col("mean_duration").alias("duration"), "binding", "pdl")
+                       pl.col("mean_duration").alias("duration"), "binding", "pdl",
+                       "pdl_start")
     return StepGraph(
         nodes=nodes, preds=preds, lags=lags, launch_at=launch_at,
         launch_lag=np.zeros(n),

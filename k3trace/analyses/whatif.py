@@ -205,7 +205,7 @@ def apply(model: StepModel, changes: Sequence[Change], non_pdl_gap_ns: float
     dur, lags, launch = model.duration.copy(), model.lags.copy(), model.launch.copy()
     present = np.ones(g.size, dtype=bool)
     touched = np.zeros(g.size, dtype=bool)
-    pdl = g.nodes["pdl"].fill_null(False).to_numpy() & (g.nodes["binding"] == STREAM).fill_null(False).to_numpy()
+    pdl = g.nodes["pdl_start"].fill_null(False).to_numpy()
 
     def drop(sel: np.ndarray) -> None:
         dur[:, sel] = 0.0
@@ -251,7 +251,7 @@ def _borrowed_tail_notes(g: StepGraph, before: np.ndarray, after: np.ndarray, to
     leaves its own tail in an unchanged dependent (a lower bound). Only changes that act on the
     recorded span count (`on_span`: remove, scale, fuse); a --delta states the saving itself."""
     shortened = on_span & (after < before)
-    pdl = g.nodes["pdl"].fill_null(False).to_numpy() & (g.nodes["binding"] == STREAM).fill_null(False).to_numpy()
+    pdl = g.nodes["pdl_start"].fill_null(False).to_numpy()
     pred = g.preds[:, STREAM_SLOT]
     holds = shortened & pdl & (pred >= 0) & ~touched[np.clip(pred, 0, None)]
     lends = np.zeros(g.size, dtype=bool)
