@@ -480,3 +480,51 @@ pl.DataFrame([{"build": k, "hidden_rel_err_max": max(v["hidden_rel_err"]), "wors
 
 # %%
 pl.DataFrame([{"cycles": int(k), **v} for k, v in r21["hf_side_work_h100"].items() if k != "note"])
+
+# %% [markdown]
+# ## Round twenty-five: a faster router that bought nothing, and why k3trace said it would
+# Round twenty-four's `router_bitonic` made the router 2.06 us faster a call and the H100's step
+# did not move (+0.001 ms at full depth), while `whatif` predicted -2.70 us per 8-layer step.
+# The raw rows of the c72 recording: the gate|up GEMM that follows the router on its stream ends
+# a fixed 0.3-0.5 us after the front GEMM on the other stream, wherever the router ends. It waits
+# inside its run for the front (a PDL launch at the router's end), so the router releases
+# nothing. The walk now reads such in-run waits (docs/metrics.md, "PDL"); the prediction is 0.
+
+# %%
+from k3trace.analyses.whatif import parse_change, what_if
+
+c72 = analyze(load_report(bundled_trace("k3_bs1_c72")), cfg)
+step = c72.representative_step()
+k = c72.path.filter(pl.col("step") == step).sort("start")
+t0 = k["start"].min()
+rows = []
+for i, r in enumerate(k.iter_rows(named=True)):
+    if r["name"] != "moe_router_kernel":
+        continue
+    gemm = k.slice(i + 1).filter(pl.col("stream_id") == r["stream_id"]).row(0, named=True)
+    by = k.filter(pl.col("kernel_id") == gemm["pred"]).row(0, named=True)
+    rows.append({"layer": r["layer"], "router_end_us": (r["end"] - t0) / 1e3,
+                 "gemm_start_us": (gemm["start"] - t0) / 1e3, "gemm_end_us": (gemm["end"] - t0) / 1e3,
+                 "released_by": by["name"], "same_stream": by["stream_id"] == gemm["stream_id"],
+                 "releaser_end_us": (by["end"] - t0) / 1e3, "gemm_end_after_it_us": (gemm["end"] - by["end"]) / 1e3})
+pl.DataFrame(rows).with_columns(pl.col(pl.Float64).round(2))
+
+# %%
+w = what_if(c72, [parse_change("delta", "^moe_router_kernel$=-2.06us")])
+print(f"whatif, router 2.06 us faster a call: {w.delta_us:+.2f} us per 8-layer step (round twenty-four's walk: -2.70)")
+critical = c72.kernel_table.filter(pl.col("name").is_in(["moe_router_kernel", "moe_grouped_gemm_kernel"]))
+critical.select("name", "family", "calls_per_step", "busy_per_step_us", "critical_us")
+
+# %% [markdown]
+# The recorded pair (c72 -> c89 at 8 layers, an H100, round twenty-five; run a of four each,
+# bundled): the router's rows fell by more than 1 us a call and the diff gives the router
+# nothing (the walk before the in-run rule gave it -3.7 us and the GEMM a +3.6 us gap). One run
+# a side has only the resampling band, which misses run-to-run drift; the four runs a side of
+# the same call (not bundled) give the span -1.47 us against a band of +-2.26 from repeats.
+
+# %%
+bitonic = diff([analyze(load_report(bundled_trace("k3_bs1_c72_h100_r25")), cfg)],
+               [analyze(load_report(bundled_trace("k3_bs1_c89_h100_r25")), cfg)])
+print(f"span {bitonic.span_delta_us:+.2f} us/step (band +-{bitonic.span_noise_band_us:.2f})")
+bitonic.attribution.filter(pl.col("edit").str.contains("router|grouped")).select(
+    "edit", "kind", "family", pl.col("contribution_us").round(2))

@@ -750,3 +750,21 @@ def test_hf_side_leg_whose_join_moved_is_read_with_it(analysis, ref):
     assert members == {("spin_kernel", "duration"), (join["edit"][0], "dependency")}
     # Together they are what the step did, within its noise.
     assert abs(groups[0]["sum_us"] - span / 1e3) <= max(3 * band, 1.0), (groups[0]["sum_us"], span / 1e3)
+
+
+def test_a_faster_router_the_front_hides_is_not_the_steps_change(analysis, ref):
+    # router_bitonic (c72 -> c89, one run each, recorded on an H100 in one call): the router's
+    # top-k as one bitonic network, 2.06 us faster a call alone (bench/router_parts.py). Its
+    # raw rows fall by more than a microsecond a call, and the step does not follow: in every
+    # MoE layer the gate|up GEMM after it waits inside its run for the front GEMM on the other
+    # stream (docs/metrics.md, "PDL"). Before the in-run rule the diff gave the router -3.7 us
+    # a step and a +3.6 us "gap" row on the GEMM to cancel it.
+    old, new = "k3_bs1_c72_h100_r25", "k3_bs1_c89_h100_r25"
+    r_old, r_new = ref(old), ref(new)
+    router = kernel_time_us(r_new, {"moe_router_kernel"}) - kernel_time_us(r_old, {"moe_router_kernel"})
+    assert router < -7 * 1.0, router  # 7 MoE layers, more than 1 us a call
+    d = diff([analysis(old)], [analysis(new)])
+    check_replay(d)
+    band = d.span_noise_band_us
+    assert abs(total(rows(d, edit="moe_router_kernel"))) < band
+    assert abs(total(rows(d, kind="gap", family="moe", edit="moe_grouped_gemm_kernel"))) < band
