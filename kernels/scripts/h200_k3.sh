@@ -887,6 +887,9 @@ campaign68)  # round 24: the router by part with the bitonic network; C72 / C88 
   timeout 200 python3 bench/router_parts.py --json $OUT/router68.json 2>&1 | grep "a call\|Error"
   timeout 360 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C88 $C89 $C72 $C88 $C89 \
     $C72 $C88 $C89 --json $OUT/step68.json 2>&1 | grep "B=\|FAILED\|ratio\|TB/s" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign68_step)  # round 25: C72 / C88 / C89 at B = 1 only, two rounds (a short lease)
+  timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C88 $C89 $C72 $C88 $C89 \
+    --json $OUT/step68s.json 2>&1 | grep "B=\|FAILED\|ratio\|TB/s" | sed 's/.*mla_kv_norm_insert//' ;;
 campaign68_b8)  # round 24: C72 / C89 at B = 8 and 64; the router tests on the GPU
   timeout 120 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C72 $C89 $C72 $C89 \
     --json $OUT/step68_b8.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//'
