@@ -148,7 +148,7 @@ def _candidates(cols: pl.DataFrame, cfg: Config) -> _Candidates:
     # predecessor triggered, it sits in `griddepcontrol.wait` until a producer on another
     # stream completes, and ends only a short tail after it (the K3 MoE gate|up GEMM, launched
     # at the router's end, waits there for the front GEMM and ends 0.3-0.5 us after it in
-    # every layer, whether the router ends 15 us or 8 us before the front). Its stream
+    # every layer, whether the router ends 7 us or 15 us before the front). Its stream
     # predecessor did not release it: the producer, started before it and ending within
     # `pdl_max_tail_ns` of its end, did. A wait does so in every replay of the graph; two
     # kernels that merely end close together do so in some (a KDA gate GEMM beside qkvg at
