@@ -1250,6 +1250,32 @@ def weights_ahead(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def grouped_tma(B: int, calls: int) -> dict[str, float]:
+    """Variant moe_grouped_tma at one token: c72's routed chain (gate|up -> situ_mul -> the down
+    GEMM's atomic sum -> norm, early triggers, the down GEMM at moe.GROUPED_CONFIGS' blocks)
+    with pointer loads and with both grouped GEMMs' weight tiles by TMA, back to back (132 MB
+    of experts a chain, each call routed to another draw of 16) and one call at a time. Each
+    form twice in turn."""
+    from kernels.k3.ops import moe
+    from kernels.k3.ops.common import early_trigger
+
+    if B != 1:
+        return {}
+    chain, n = _routed_chain(53)
+    tuned = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), moe.GROUPED_CONFIGS[(3584, 384)]))
+    forms = (("c72", dict(down_blocks=tuned)),
+             ("moe_grouped_tma", dict(gu_blocks={"tma": True}, down_blocks={**tuned, "tma": True})))
+    res = {}
+    with early_trigger():
+        for rnd in (1, 2):
+            for tag, kw in forms:
+                res[f"{tag}, back to back, {rnd}"] = per_call_us(lambda i, k=kw: chain(i, True, False, **k), calls)
+                res[f"{tag}, one call, {rnd}"] = single_call_us(lambda i, k=kw: chain(i, True, False, **k), n)
+    del chain  # its weights
+    torch.cuda.empty_cache()
+    return res
+
+
 def attn_res_wide(B: int, calls: int) -> dict[str, float]:
     """Variant attn_res_wide at one token: c68's pair (attn_res_dot's score with the attention
     output folded in -> one-shot combine, early triggers) at the default column chunk and at
@@ -1576,6 +1602,7 @@ def main() -> int:
             "mla_hops": lambda: mla_hops(B, args.calls),
             "moe_grouped_tuned": lambda: grouped_tuned(B, args.calls),
             "moe_weights_ahead": lambda: weights_ahead(B, args.calls),
+            "moe_grouped_tma": lambda: grouped_tma(B, args.calls),
             "attn_res_wide": lambda: attn_res_wide(B, args.calls),
             "window_prefetch": lambda: window_prefetch(B, args.calls)}
     cases = {name: run() for name, run in runs.items() if args.cases is None or name in args.cases}

@@ -844,6 +844,8 @@ class K3Decode:
             tuned, ahead = P.grouped_tuned(cfg, v), P.weights_ahead(cfg, v)
             gu_blocks, down_blocks = (grouped_config(w.w13, ahead), grouped_config(w.w2, ahead)) if tuned or ahead \
                 else ({}, {})
+            if v.moe_grouped_tma:  # the weight tiles by TMA where the blocks allow (moe_grouped_gemm says)
+                gu_blocks, down_blocks = {**gu_blocks, "tma": True}, {**down_blocks, "tma": True}
             self._triton(P.EXPERT_GATE_UP, moe_grouped_gemm, latent, w.w13, *seg,
                          s.expert_h if acts else s.expert_gu, top_k=cfg.top_k, x_is_per_token=True, act_out=acts,
                          **gu_blocks)

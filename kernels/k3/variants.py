@@ -78,6 +78,7 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "shared_front_leg": ("shared_front_leg", True),  # B = 1: the shared experts' front columns as S1's own GEMM
     "router_top4": ("router_top4", True),  # the router's top-k four a selection round, not one (bit for bit)
     "router_bitonic": ("router_bitonic", True),  # the router's top-k one bitonic top-k network, no rounds (bit for bit)
+    "moe_grouped_tma": ("moe_grouped_tma", True),  # the routed grouped GEMMs' weight tiles by TMA (bit for bit)
     "no_pdl": ("pdl", False),                              # every Triton launch a plain one (what PDL is worth)
 }
 
@@ -181,6 +182,8 @@ class Variant:
                                      # 4 rounds for top-16, not 16; the same routing, bit for bit
     router_bitonic: bool = False     # the router's selection (single pass, the groups of multipass) is one bitonic
                                      # top-k network (tl.topk), no rounds; the same routing, bit for bit
+    moe_grouped_tma: bool = False    # the routed grouped GEMMs' weight tiles by TMA bulk copies (a descriptor over
+                                     # each bank as [E * N, K]), not pointer loads; bit for bit
     delay_kernel: str = ""           # Triton kernel (function or launcher name) to slow down
     delay_ns: int = 0
 

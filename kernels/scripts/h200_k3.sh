@@ -276,6 +276,8 @@ C87=$C85@leg=64,128,4,2/4
 # Round twenty-three: c72 with the router's top-k four a selection round (the same routing, bit for bit).
 C88=$C72+router_top4
 C89=$C72+router_bitonic
+# Round twenty-seven: c72 with the routed grouped GEMMs' weight tiles by TMA (bit for bit).
+C90=$C72+moe_grouped_tma
 
 case $phase in
 campaign_test)
@@ -890,6 +892,17 @@ campaign68)  # round 24: the router by part with the bitonic network; C72 / C88 
 campaign68_step)  # round 25: C72 / C88 / C89 at B = 1 only, two rounds (a short lease)
   timeout 300 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C88 $C89 $C72 $C88 $C89 \
     --json $OUT/step68s.json 2>&1 | grep "B=\|FAILED\|ratio\|TB/s" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign69)  # round 27: C72 / C90 (moe_grouped_tma) at B = 1 x4, the routed chain's case, its GPU tests, B = 8 and 64
+  set -o pipefail
+  timeout 200 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C90 $C72 $C90 $C72 $C90 $C72 $C90 \
+    --json $OUT/step69.json 2>&1 | grep "B=\|FAILED\|ratio\|TB/s" | sed 's/.*mla_kv_norm_insert//'
+  timeout 90 python3 bench/bench_k3_ops.py --batch 1 --cases moe_grouped_tma --json $OUT/ops69.json 2>&1 | tail -9
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_k3_ops.py -k "grouped_gemm_tma" \
+    tests/kernels/test_k3_model.py::test_gpu_moe_grouped_tma_bitwise 2>&1 | tail -2
+  timeout 100 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C72 $C90 $C72 $C90 \
+    --json $OUT/step69_b8.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//'
+  timeout 120 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C72 $C90 \
+    --json $OUT/step69_b64.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//' ;;
 campaign68_b8)  # round 24: C72 / C89 at B = 8 and 64; the router tests on the GPU
   timeout 120 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C72 $C89 $C72 $C89 \
     --json $OUT/step68_b8.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//'

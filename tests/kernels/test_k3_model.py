@@ -474,6 +474,34 @@ def test_moe_grouped_tuned_blocks_reach_both_grouped_gemms(monkeypatch):
 
 
 @cpu
+def test_moe_grouped_tma_bitwise_and_reaches_both_grouped_gemms(monkeypatch):
+    """moe_grouped_tma on the campaign build c72 (less its Gluon o_proj): both grouped GEMMs stream their tiles by
+    TMA at B = 1 and 2 (expert widths whose tiles span a 128-byte line) and the step is c72's
+    bit for bit; without the variant neither does."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    tma: list[bool] = []
+    run = InterpretedFunction.run
+
+    def logged_run(self, *args, grid, warmup, **kw):
+        if not warmup and self.fn.__name__ == "moe_grouped_gemm_kernel":
+            tma.append(kw["TMA"])
+        return run(self, *args, grid=grid, warmup=warmup, **kw)
+
+    monkeypatch.setattr(InterpretedFunction, "run", logged_run)
+    c72 = f"{C69}+{MLA_COPIES}".replace("+linear_gluon", "")  # Gluon's configs need the real widths
+    for batch in (1, 2):
+        cfg = TINY_BLOCKS.with_(batch=batch, expert_inter=64)
+        moe_layers = sum(cfg.mlp_family(l) == MOE for l in cfg.layers)
+        tma.clear()
+        base = run_steps(K3Decode(cfg, parse(c72), "cpu"), 1)
+        assert tma == [False] * 2 * moe_layers
+        tma.clear()
+        assert_same(base, run_steps(K3Decode(cfg, parse(f"{c72}+moe_grouped_tma"), "cpu"), 1))
+        assert tma == [True] * 2 * moe_layers, (batch, tma)
+
+
+@cpu
 def test_kda_norm_separate_within_tolerance():
     one = tiny_config(batch=2, num_layers=1)
     a, b = (K3Decode(one, parse(n), "cpu") for n in ("baseline", "kda_norm_separate"))
@@ -868,3 +896,12 @@ def test_nvtx_ranges_by_style(style, monkeypatch):
     module = {"kda": "self_attn", "mla": "self_attn", "moe": "block_sparse_moe", "dense": "mlp",
               "attn_res": "attn_res"}
     assert children == [(str(layer - 1), module[family]) for layer, family in segments]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_moe_grouped_tma_bitwise(batch):
+    # The grouped GEMMs' weight tiles by TMA: the same tiles in the same order, so outputs,
+    # banks and state bit for bit, in c49 (whose down GEMM stores rows: no atomic adds).
+    assert_same(gpu_replay_outputs(batch, GLUON), gpu_replay_outputs(batch, f"{GLUON}+moe_grouped_tma"))

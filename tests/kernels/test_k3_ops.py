@@ -1048,6 +1048,62 @@ def test_grouped_gemm_weights_ahead_is_bitwise(B, E, K, N, KD, bk, preload):
                              act_in=True, block_n=32, block_k=bk, preload=preload)
 
 
+@pytest.mark.parametrize("B,E,K,N,KD,bn,bk", [
+    (1, 64, 16, 64, 384, 32, 64),   # the K3 down GEMM's class (K blocks of 64, moe_grouped_tuned)
+    (1, 32, 4, 128, 512, 64, 128),  # the gate|up class: several K blocks per program
+    (40, 6, 4, 32, 128, 32, 64),    # > 16 pairs per expert: the M loop's second pass reloads
+])
+def test_grouped_gemm_tma_is_bitwise(B, E, K, N, KD, bn, bk):
+    """Variant moe_grouped_tma: the weight tiles by descriptor over the bank as [E * N, K] give
+    the pointer loads' output bit for bit (the same tiles, the same order) for the per-token and
+    per-pair forms, and the atomic down GEMM's sums; where the tiles cannot be TMA tiles (the
+    interleaved gate|up rows of act_out, a 64-byte tile row) it falls back, still bit for bit."""
+    g = gen(41)
+    ids = _random_ids(B, E, K, 41)
+    w = randn(g, E, N, KD, scale=KD ** -0.5)
+    P = B * K
+    al = _aligned(ids, E)
+    x, h = randn(g, B, KD), randn(g, P, KD)
+    for operand, per_token in ((x, True), (h, False)):
+        plain, tma = (torch.full((P, N), float("nan"), device=DEV, dtype=BF) for _ in range(2))
+        for out, on in ((plain, False), (tma, True)):
+            moe.moe_grouped_gemm(operand, w, *al, out, top_k=K, x_is_per_token=per_token, block_n=bn,
+                                 block_k=bk, tma=on)
+        exact(tma, plain)
+        close(plain, R.ref_moe_grouped_gemm(operand, w, ids, x_is_per_token=per_token))
+    tw = torch.rand(B, K, generator=g, device=DEV, dtype=F32)
+    sums = [torch.zeros(B, N, device=DEV, dtype=F32) for _ in range(2)]
+    for acc, on in zip(sums, (False, True)):
+        moe.moe_grouped_gemm(h, w, *al, acc, top_k=K, x_is_per_token=False, sum_weights=tw, block_n=bn,
+                             block_k=bk, tma=on)
+    close(sums[1], sums[0], atol=1e-5, rtol=1e-5)  # the atomic adds' order is free on a GPU
+    for kw in ({"act_out": True}, {"block_k": 32}):  # no TMA tile: pointer loads, the same values
+        n_out = N // 2 if kw.get("act_out") else N
+        outs = [torch.full((P, n_out), float("nan"), device=DEV, dtype=BF) for _ in range(2)]
+        for out, on in zip(outs, (False, True)):
+            moe.moe_grouped_gemm(x, w, *al, out, top_k=K, **{"block_n": bn, "block_k": bk, **kw}, tma=on)
+        exact(outs[1], outs[0])
+
+
+@gpu_only
+def test_gpu_grouped_gemm_tma_k3():
+    """moe_grouped_tma at the K3 shapes, B = 1 (896 experts, top-16): the gate|up GEMM at its
+    default blocks and the down GEMM at moe.GROUPED_CONFIGS', by TMA against pointer loads,
+    bit for bit."""
+    g = gen(43)
+    ids = _random_ids(1, 896, 16, 43)
+    al = _aligned(ids, 896)
+    for (n, k), blocks in (((768, 3584), {}), *((nk, dict(zip(("block_n", "block_k", "num_warps", "num_stages"), c)))
+                                               for nk, c in moe.GROUPED_CONFIGS.items())):
+        w = randn(g, 896, n, k, scale=k ** -0.5)
+        per_token = k == 3584
+        x = randn(g, 1 if per_token else 16, k)
+        outs = [torch.full((16, n), float("nan"), device=DEV, dtype=BF) for _ in range(2)]
+        for out, on in zip(outs, (False, True)):
+            moe.moe_grouped_gemm(x, w, *al, out, x_is_per_token=per_token, tma=on, **blocks)
+        exact(outs[1], outs[0])
+
+
 @gpu_only
 def test_gpu_grouped_gemm_weights_ahead_k3():
     """moe_weights_ahead at the K3 shapes, B = 1 (896 experts, top-16): each grouped GEMM at
@@ -1319,6 +1375,11 @@ for B in (1, 8, 64):
         moe.moe_grouped_gemm(x_in, e(896, *wshape), *al, out, x_is_per_token=wshape[1] == 3584,
                              sum_weights=None if wshape[1] == 3584 else w, block_n=bn, block_k=bk,
                              num_warps=nw, num_stages=ns, preload=pre)
+    down_tuned = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), moe.GROUPED_CONFIGS[(3584, 384)]))
+    moe.moe_grouped_gemm(e(B, 6016)[:, 896:4480], e(896, 768, 3584), *al, e(P, 768), tma=True)  # moe_grouped_tma
+    moe.moe_grouped_gemm(e(P, 384), e(896, 3584, 384), *al, e(B, 3584, dt=F32), x_is_per_token=False,
+                         sum_weights=w, tma=True, **down_tuned)
+    moe.moe_grouped_gemm(e(P, 384), e(896, 3584, 384), *al, e(P, 3584), x_is_per_token=False, tma=True, **down_tuned)
     moe.moe_weighted_sum_norm(e(P, 3584), w, e(3584), e(B, 3584))  # variant moe_sum_norm_fused
     if B == 1:  # variant moe_down_mixed (and with situ_fused, from gate|up)
         moe.moe_down_mix(e(P, 384), e(896, 3584, 384), ids, w, e(B, 3584))

@@ -24,6 +24,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.k3.ops.common import (
     DOT_F32,
@@ -471,7 +472,12 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
                             SUM_OUT: tl.constexpr, ACT_OUT: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr, PRELOAD: tl.constexpr = 0):
+                            USE_PDL: tl.constexpr, DELAY_NS: tl.constexpr, PRELOAD: tl.constexpr = 0,
+                            w_desc=None, TMA: tl.constexpr = False):
+    # TMA (variant moe_grouped_tma): the weight tiles stream through w_desc, a host tensor
+    # descriptor over the bank as [E * N, K] rows in [BLOCK_N, BLOCK_K] tiles (EVEN_N and
+    # EVEN_K, not with ACT_OUT's interleaved rows): one bulk copy per tile, no per-thread
+    # address math or register staging. The same tiles, so the same sums, bit for bit.
     g = tl.program_id(0)
     if ACT_OUT:
         # Variant situ_in_gate_up: w's N rows are gate | up; the tile takes BLOCK_N / 2 gate rows
@@ -529,7 +535,9 @@ def moe_grouped_gemm_kernel(x, w, sorted_pairs, seg_expert, seg_start, num_segs,
                               acc, DOT_F32)
             for k0 in range(PRELOAD * BLOCK_K, K, BLOCK_K):
                 ks = k0 + kr
-                if EVEN_N and EVEN_K:
+                if TMA:
+                    wt = w_desc.load([(e * N).to(tl.int32) + tl.program_id(1) * BLOCK_N, k0])
+                elif EVEN_N and EVEN_K:
                     wt = tl.load(w_rows + ks[None, :])
                 else:
                     wt = tl.load(w_rows + ks[None, :], mask=nm[:, None] & (ks[None, :] < K),
@@ -598,7 +606,7 @@ def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tenso
                      act_in: bool = False, act_out: bool = False, sum_weights: torch.Tensor | None = None,
                      block_n: int = 64,
                      block_k: int = 128, num_warps: int = 4, num_stages: int = 4,
-                     preload: int = 0, delay_ns: int = 0) -> torch.Tensor:
+                     preload: int = 0, tma: bool = False, delay_ns: int = 0) -> torch.Tensor:
     """out[pair] = x[pair // top_k if x_is_per_token else pair] @ w[expert(pair)].T.
 
     w is the expert bank [E, N, K] (K contiguous). Grid (G, cdiv(N, block_n)) with
@@ -613,7 +621,10 @@ def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tenso
     the [P, N] product, bit for bit, without situ_mul's launch.
     preload (variant moe_weights_ahead; 0 to 3, all of K at most): each program loads its
     expert's first `preload` weight blocks before its PDL wait, the routing having been written
-    before the launch; not with act_in or act_out; the same sums, bit for bit."""
+    before the launch; not with act_in or act_out; the same sums, bit for bit.
+    tma (variant moe_grouped_tma): the weight tiles by TMA bulk copies (a descriptor over w as
+    [E * N, K]) where the blocks divide N and K, a tile row spans 128 bytes and act_out is off
+    (its interleaved gate|up rows are no tile); elsewhere pointer loads. Bit for bit."""
     _, N, K = w.shape
     P = sorted_pairs.shape[0]
     G = seg_expert.shape[0]
@@ -631,14 +642,25 @@ def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tenso
     BLOCK_K = max(16, min(block_k, next_pow2(K)))
     preload = min(preload, cdiv(K, BLOCK_K))
     assert 0 <= preload <= 3 and not (preload and (act_in or act_out or N % BLOCK_N or K % BLOCK_K))
+    tma = (tma and not preload and not act_out and N % BLOCK_N == 0 and K % BLOCK_K == 0
+           and BLOCK_K * w.element_size() >= 128 and w.is_contiguous())
     launch(moe_grouped_gemm_kernel, (G, cdiv(N, BLOCK_N)), x, w, sorted_pairs, seg_expert,
            seg_start, num_segs, out, N, K, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
            out if sum_weights is None else sum_weights, out.stride(0),
            TOP_K=top_k, X_PER_TOKEN=x_is_per_token, ACT_IN=act_in, SUM_OUT=sum_weights is not None, ACT_OUT=act_out,
            BLOCK_M=16, BLOCK_N=BLOCK_N,
            BLOCK_K=BLOCK_K, EVEN_N=N % BLOCK_N == 0, EVEN_K=K % BLOCK_K == 0, DOT_F32=DOT_F32,
-           num_warps=num_warps, num_stages=num_stages, PRELOAD=preload, delay_ns=delay_ns)
+           num_warps=num_warps, num_stages=num_stages, PRELOAD=preload,
+           w_desc=bank_descriptor(w, BLOCK_N, BLOCK_K) if tma else None, TMA=tma, delay_ns=delay_ns)
     return out
+
+
+def bank_descriptor(w: torch.Tensor, block_n: int, block_k: int) -> TensorDescriptor:
+    """A TMA descriptor over the expert bank w [E, N, K] (contiguous) as [E * N, K] rows in
+    [block_n, block_k] tiles: expert e's column block n0 is the tile at row e * N + n0."""
+    E, N, K = w.shape
+    assert w.data_ptr() % 16 == 0 and (K * w.element_size()) % 16 == 0 and E * N < 2**31
+    return TensorDescriptor(w.view(E * N, K), shape=[E * N, K], strides=[K, 1], block_shape=[block_n, block_k])
 
 
 #: moe_down_mix's (BLOCK_N, BLOCK_K, num_warps, num_stages) at the K3 down shape (N = 3584,
