@@ -241,7 +241,7 @@ K3_VARIANT_FLAGS = ("mla_epilogue_split", "no_attn_forks", "router_multipass", "
                     "mla_q_skinny", "no_pdl", "moe_grouped_tuned", "attn_res_wide",
                     "mla_absorb_concat", "mla_kv_norm_insert", "mla_gate_in_o_proj", "prefetch_lines",
                     "moe_weights_ahead", "mla_o_proj_ahead", "kda_split_v", "shared_front_leg",
-                    "router_top4", "router_bitonic")
+                    "router_top4", "router_bitonic", "moe_grouped_tma")
 SMALL_VARIANTS = ("nofork",)
 _DELAY = re.compile(r"delay:[A-Za-z_][A-Za-z0-9_]*:\d+")
 _PREFETCH = re.compile(r"(prefetch|prefetch_leg|linear_prefetch|gemm_prefetch):\d+")

@@ -528,3 +528,22 @@ bitonic = diff([analyze(load_report(bundled_trace("k3_bs1_c72_h100_r25")), cfg)]
 print(f"span {bitonic.span_delta_us:+.2f} us/step (band +-{bitonic.span_noise_band_us:.2f})")
 bitonic.attribution.filter(pl.col("edit").str.contains("router|grouped")).select(
     "edit", "kind", "family", pl.col("contribution_us").round(2))
+
+# %% [markdown]
+# ## Round twenty-seven: the H200 standing, and the grouped GEMMs by TMA
+# The step list round twenty-five left for the H200 ran there: the two router selections are
+# 11-14 us slower than c72, which is the campaign build again (1.36x). `moe_grouped_tma` (C90,
+# bit for bit) ran on an H100 (the H200 did not start again): slower at B = 1 in every list,
+# and the routed chain alone is slower too. Not kept.
+
+# %%
+r27 = full["round27"]
+pl.concat([pl.DataFrame(r27[machine]["steps"]).with_columns(pl.lit(r27[machine]["device"]).alias("device"))
+           for machine in ("h200", "h100")]).group_by("device", "batch", "build", maintain_order=True).agg(
+    pl.len().alias("runs"), pl.col("step_ms").median().alias("median_ms"), pl.col("ratio").median()).with_columns(
+    (pl.col("median_ms") - pl.col("median_ms").first().over("device", "batch")).round(3).alias("vs_c72_ms"))
+
+# %%
+chain = next(v for k, v in r27["h100"].items() if k.startswith("routed_chain_us"))
+pl.DataFrame([dict(zip(("form", "mode", "round"), k.rsplit(", ", 2)), us=v) for k, v in chain.items()]).pivot(
+    on="mode", index=["form", "round"], values="us")
