@@ -903,6 +903,14 @@ campaign69)  # round 27: C72 / C90 (moe_grouped_tma) at B = 1 x4, the routed cha
     --json $OUT/step69_b8.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//'
   timeout 120 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C72 $C90 \
     --json $OUT/step69_b64.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign69_rec)  # round 27: C72 and C88 at full depth, 20 steps, two runs each interleaved (carry .nsys): why C88 loses on the H200
+  [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
+  mkdir -p /tmp/rec && rm -f /tmp/rec/*
+  for r in ${RUNS:-a b}; do  # each pair packed as soon as it is recorded (a short lease keeps the first)
+    rm -f /tmp/rec/*
+    rec k3_fd_c72_$r --steps 20 --variant $C72; rec k3_fd_c88_$r --steps 20 --variant $C88
+    pack fd69_$r
+  done ;;
 campaign68_b8)  # round 24: C72 / C89 at B = 8 and 64; the router tests on the GPU
   timeout 120 python3 bench/bench_k3_step.py --batches 8 --replays 60 --variants $C72 $C89 $C72 $C89 \
     --json $OUT/step68_b8.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//'
