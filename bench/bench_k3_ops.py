@@ -1221,6 +1221,20 @@ def grouped_tuned(B: int, calls: int) -> dict[str, float]:
     return res
 
 
+def _routed_chain_ab(chain, n: int, forms: tuple, calls: int) -> dict[str, float]:
+    """The routed chain with the down GEMM's atomic sum (early triggers) in each (tag, chain
+    keywords) form, twice in turn, back to back and one call at a time."""
+    from kernels.k3.ops.common import early_trigger
+
+    res = {}
+    with early_trigger():
+        for rnd in (1, 2):
+            for tag, kw in forms:
+                res[f"{tag}, back to back, {rnd}"] = per_call_us(lambda i, k=kw: chain(i, True, False, **k), calls)
+                res[f"{tag}, one call, {rnd}"] = single_call_us(lambda i, k=kw: chain(i, True, False, **k), n)
+    return res
+
+
 def weights_ahead(B: int, calls: int) -> dict[str, float]:
     """Variant moe_weights_ahead at one token: c72's routed chain (gate|up -> situ_mul -> the
     down GEMM's atomic sum -> norm, early triggers, the down GEMM at moe.GROUPED_CONFIGS'
@@ -1229,7 +1243,6 @@ def weights_ahead(B: int, calls: int) -> dict[str, float]:
     in turn, back to back (each call's gate|up GEMM following the last call's norm) and one
     call at a time."""
     from kernels.k3.ops import moe
-    from kernels.k3.ops.common import early_trigger
 
     if B != 1:
         return {}
@@ -1239,12 +1252,7 @@ def weights_ahead(B: int, calls: int) -> dict[str, float]:
              for shape in ((768, 3584), (3584, 384))]
     forms = (("c72", dict(down_blocks=tuned)),
              ("moe_weights_ahead", dict(gu_blocks=ahead[0], down_blocks=ahead[1], ahead=True)))
-    res = {}
-    with early_trigger():
-        for rnd in (1, 2):
-            for tag, kw in forms:
-                res[f"{tag}, back to back, {rnd}"] = per_call_us(lambda i, k=kw: chain(i, True, False, **k), calls)
-                res[f"{tag}, one call, {rnd}"] = single_call_us(lambda i, k=kw: chain(i, True, False, **k), n)
+    res = _routed_chain_ab(chain, n, forms, calls)
     del chain  # its weights
     torch.cuda.empty_cache()
     return res
@@ -1257,7 +1265,6 @@ def grouped_tma(B: int, calls: int) -> dict[str, float]:
     of experts a chain, each call routed to another draw of 16) and one call at a time. Each
     form twice in turn."""
     from kernels.k3.ops import moe
-    from kernels.k3.ops.common import early_trigger
 
     if B != 1:
         return {}
@@ -1265,12 +1272,7 @@ def grouped_tma(B: int, calls: int) -> dict[str, float]:
     tuned = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), moe.GROUPED_CONFIGS[(3584, 384)]))
     forms = (("c72", dict(down_blocks=tuned)),
              ("moe_grouped_tma", dict(gu_blocks={"tma": True}, down_blocks={**tuned, "tma": True})))
-    res = {}
-    with early_trigger():
-        for rnd in (1, 2):
-            for tag, kw in forms:
-                res[f"{tag}, back to back, {rnd}"] = per_call_us(lambda i, k=kw: chain(i, True, False, **k), calls)
-                res[f"{tag}, one call, {rnd}"] = single_call_us(lambda i, k=kw: chain(i, True, False, **k), n)
+    res = _routed_chain_ab(chain, n, forms, calls)
     del chain  # its weights
     torch.cuda.empty_cache()
     return res
