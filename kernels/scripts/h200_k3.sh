@@ -903,6 +903,9 @@ campaign69)  # round 27: C72 / C90 (moe_grouped_tma) at B = 1 x4, the routed cha
     --json $OUT/step69_b8.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//'
   timeout 120 python3 bench/bench_k3_step.py --batches 64 --replays 20 --variants $C72 $C90 \
     --json $OUT/step69_b64.json 2>&1 | grep "B=\|ratio" | sed 's/.*mla_kv_norm_insert//' ;;
+campaign69_step)  # round 27: C72 / C90 at B = 1 only, three rounds (a short lease; the H100 said +0.034 ms)
+  timeout 150 python3 bench/bench_k3_step.py --batches 1 --replays 100 --variants $C72 $C90 $C72 $C90 $C72 $C90 \
+    --json $OUT/step69s.json 2>&1 | grep "B=\|FAILED\|ratio\|TB/s" | sed 's/.*mla_kv_norm_insert//' ;;
 campaign69_rec)  # round 27: C72 and C88 at full depth, 20 steps, two runs each interleaved (carry .nsys): why C88 loses on the H200
   [ -x $N ] || dpkg -x .nsys/nsight-systems-target_*.deb /tmp/nx
   mkdir -p /tmp/rec && rm -f /tmp/rec/*
