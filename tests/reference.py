@@ -537,10 +537,11 @@ def _per_step(ref: Reference, cfg) -> None:
                 "segments": sum(1 for f, _ in segs if f == fam),
                 "share": res / dev if dev else 0.0,
             }
-        for k in ks:
-            row = kern.setdefault((k.name, k.family), {"durs": [], "exposed": 0})
+        for site, k in enumerate(ks):  # a call site: the position in the step's launch order
+            row = kern.setdefault((k.name, k.family), {"durs": [], "exposed": 0, "sites": {}})
             row["durs"].append(k.dur)
             row["exposed"] += exposed[k.kid]
+            row["sites"].setdefault(site, []).append(k.dur)
 
         # PDL edges: consecutive kernels on one stream with start - previous end <= max gap
         edges = 0
@@ -589,6 +590,9 @@ def _per_step(ref: Reference, cfg) -> None:
             "mean": sum(durs) / len(durs),
             "median": median(durs),
             "hidden_share": 1 - row["exposed"] / sum(durs) if sum(durs) else 0.0,
+            "sites": len(row["sites"]),
+            "site_median_min": min(median(d) for d in row["sites"].values()),
+            "site_median_max": max(median(d) for d in row["sites"].values()),
         }
     ref.pdl_edges_median = median(ref.pdl_edges_per_step)
     for col in ("period", "span", "host", "busy", "residency"):

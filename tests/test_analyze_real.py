@@ -201,6 +201,9 @@ def test_kernel_table(case, name):
         assert g["mean_us"] == approx(us(want["mean"])), key
         assert g["median_us"] == approx(us(want["median"])), key
         assert g["hidden_share"] == approx(want["hidden_share"]), key
+        assert g["sites"] == want["sites"], key
+        assert g["site_median_min_us"] == approx(us(want["site_median_min"])), key
+        assert g["site_median_max_us"] == approx(us(want["site_median_max"])), key
 
 
 # ----------------------------------------------------------------------------- PDL, pre-attention

@@ -162,7 +162,8 @@ class Analysis:
                 **self.pre_attention_summary, "by_layer": self.pre_attention_by_layer().to_dicts()},
             "kernels": self.kernel_table.select(
                 "name", "family", "calls_per_step", "mean_us", "median_us", "hidden_share", "busy_per_step_us",
-                "exposed_per_step_us", "critical_us", "slack_us",
+                "exposed_per_step_us", "critical_us", "slack_us", "sites", "site_median_min_us",
+                "site_median_max_us",
             ).to_dicts(),
             "layers": self.layers.to_dicts(),
             "segment_anatomy": {"kinds": self.anatomy.kinds.to_dicts(), "kernels": self.anatomy.kernels.to_dicts()},

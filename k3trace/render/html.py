@@ -121,6 +121,9 @@ KERNEL_COLUMNS = [
     Column("hidden_share", "hidden", "share", title="share of the kernel's time overlapped by another stream"),
     Column("critical_us", "on the critical path (us/step)", "num", 2),
     Column("slack_us", "slack (us)", "num", 2, "how much longer the kernel could run before the step grows"),
+    Column("site_median_min_us", "fastest site (us)", "num", 2,
+           "the lowest of the kernel's call-site medians (a site: one position in the step's launch order)"),
+    Column("site_median_max_us", "slowest site (us)", "num", 2, "the highest of the kernel's call-site medians"),
 ]
 
 

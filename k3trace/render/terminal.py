@@ -67,18 +67,25 @@ def kernel_table(a: Analysis, top: int = 15) -> RenderableType:
     t = Table(title=f"kernels, top {top} by busy time (us)", box=box.SIMPLE_HEAD, collapse_padding=True,
               show_edge=False, pad_edge=False,
               caption="mean, median: per call; busy, critical (on the critical path): per step; "
-                      "slack: how much longer it could run before the step grows")
+                      "slack: how much longer it could run before the step grows; by site: the lowest and "
+                      "highest median of its call sites (positions in the step's launch order), where it has several")
     for col, just in (("kernel", "left"), ("family", "left"), ("calls", "right"), ("mean", "right"),
                       ("median", "right"), ("busy", "right"), ("hidden", "right"), ("critical", "right"),
-                      ("slack", "right")):
+                      ("slack", "right"), ("by site", "right")):
         # Names wrap when the table is too wide, never cut: the distinguishing part is often the tail.
         t.add_column(col, justify=just, overflow="fold", min_width=16 if col == "kernel" else None,
                      no_wrap=col not in ("kernel", "family"))
     for r in a.kernel_table.head(top).iter_rows(named=True):
         t.add_row(_name(r["name"]), _name(r["family"]), f"{r['calls_per_step']:g}", _us(r["mean_us"], 2),
                   _us(r["median_us"], 2), _us(r["busy_per_step_us"]), _share(r["hidden_share"]),
-                  _us(r["critical_us"], 2), _us(r["slack_us"], 2))
+                  _us(r["critical_us"], 2), _us(r["slack_us"], 2), _site_range(r))
     return t
+
+
+def _site_range(r: dict) -> str:
+    if (r.get("sites") or 0) < 2:
+        return ""
+    return f"{_us(r['site_median_min_us'], 2)}-{_us(r['site_median_max_us'], 2)}"
 
 
 def anatomy_table(a: Analysis) -> RenderableType | None:
