@@ -547,3 +547,43 @@ pl.concat([pl.DataFrame(r27[machine]["steps"]).with_columns(pl.lit(r27[machine][
 chain = next(v for k, v in r27["h100"].items() if k.startswith("routed_chain_us"))
 pl.DataFrame([dict(zip(("form", "mode", "round"), k.rsplit(", ", 2)), us=v) for k, v in chain.items()]).pivot(
     on="mode", index=["form", "round"], values="us")
+
+# %% [markdown]
+# ## Round twenty-eight: the router's call sites
+# No device machine started. `analyze` now gives each kernel's call sites (positions in the
+# step's launch order) and the lowest and highest of their medians: the router's row hides two
+# kinds of site. Per MoE layer below: the router's record, the gate|up GEMM's start after the
+# router's end, and its end after the front GEMM's (the hand-over), on the H200 c72 recording
+# and the H100 c72 -> c89 pair (medians over the stable steps, us). Layer 2 (after the dense
+# layer) has another front. At the MoE layers followed by an MLA layer (3 and 7) the GEMM
+# launches at the router's end and hands over in 0.32 us. Elsewhere it waits for the front,
+# and c89's faster router changes nothing the GEMM waits on.
+
+# %%
+def moe_sites(a) -> pl.DataFrame:
+    stable = a.steps.filter("stable")["step"].implode()
+    k = a.kernels.filter(pl.col("family") == "moe", pl.col("step").is_in(stable))
+
+    def first(name: str) -> pl.DataFrame:  # the layer's first call of the kernel (the front, the gate|up GEMM)
+        return k.filter(pl.col("name") == name).sort("launch_rank").group_by("step", "layer", maintain_order=True).first()
+
+    j = (first("moe_router_kernel").join(first("skinny_mm_kernel"), on=["step", "layer"], suffix="_front")
+         .join(first("moe_grouped_gemm_kernel"), on=["step", "layer"], suffix="_gemm"))
+    return j.filter(pl.col("layer") > 2).group_by("layer").agg(
+        ((pl.col("end") - pl.col("start")).median() / 1e3).alias("router_us"),
+        ((pl.col("start_gemm") - pl.col("end")).median() / 1e3).alias("gemm_after_router_us"),
+        ((pl.col("end_gemm") - pl.col("end_front")).median() / 1e3).alias("hand_over_us"),
+    ).sort("layer")
+
+
+sites = {label: moe_sites(analyze(load_report(bundled_trace(name)), cfg))
+         for label, name in (("H200 c72", "k3_bs1_c72"), ("H100 c72", "k3_bs1_c72_h100_r25"),
+                             ("H100 c89", "k3_bs1_c89_h100_r25"))}
+with pl.Config(tbl_rows=-1):  # all 18 rows
+    print(pl.concat([s.with_columns(pl.lit(label).alias("recording")) for label, s in sites.items()]).select(
+        "layer", "recording", pl.col(pl.Float64).round(2)).sort("layer", maintain_order=True))
+
+# %%
+c72.kernel_table.filter(pl.col("family") == "moe").select(
+    "name", "sites", "median_us", "site_median_min_us", "site_median_max_us", "critical_us").with_columns(
+    pl.col(pl.Float64).round(2))
