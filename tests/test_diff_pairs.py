@@ -768,3 +768,20 @@ def test_a_faster_router_the_front_hides_is_not_the_steps_change(analysis, ref):
     band = d.span_noise_band_us
     assert abs(total(rows(d, edit="moe_router_kernel"))) < band
     assert abs(total(rows(d, kind="gap", family="moe", edit="moe_grouped_gemm_kernel"))) < band
+    # The row's recorded change, per layer, from the raw rows: each layer's router time per
+    # step, new mean - old mean. Where it lands: 3.2-3.9 us a call faster in the layers whose
+    # GEMM waits for the front, not in the two followed by an MLA layer (3 and 7), where the
+    # router's record ends where the GEMM launches.
+    def per_layer_us(r):
+        return {layer: statistics.mean(sum(k.dur for k in s.kernels if k.name == "moe_router_kernel"
+                                           and k.layer == layer) for s in r.stable) / 1e3
+                for layer in {k.layer for s in r.stable for k in s.kernels if k.name == "moe_router_kernel"}}
+    want = {layer: us - per_layer_us(r_old)[layer] for layer, us in per_layer_us(r_new).items()}
+    (row,) = rows(d, kind="duration", edit="moe_router_kernel").iter_rows(named=True)
+    got = {x["layer"]: x["recorded_us"] for x in row["recorded_by_layer"]}
+    assert got.keys() == want.keys()
+    for layer, us in want.items():
+        assert got[layer] == pytest.approx(us, abs=0.01), layer
+    assert row["recorded_us"] == pytest.approx(sum(want.values()), abs=0.01)
+    assert all(abs(want[layer]) < 0.5 for layer in (3, 7)), want
+    assert all(want[layer] < -3.0 for layer in want.keys() - {3, 7}), want

@@ -228,7 +228,7 @@ class Diff:
                 {**row, **breakdown.get(player, {"kinds": {}, "details": []})}
                 for player, row in zip(self.attribution["player"].to_list(), self.attribution.select(
                     "edit", "kind", "detail", "family", "layers", "contribution_us", "stderr_us", "share", "edits",
-                    "kernels").to_dicts())],
+                    "kernels", "recorded_us", "recorded_by_layer").to_dicts())],
             "replayed_old_span_us": self.base_span_us,
             "modelled_us": self.modelled_us,
             "mean_span_delta_us": self.mean_span_delta_us,
@@ -318,16 +318,27 @@ def _dram(old: Sequence[Analysis], new: Sequence[Analysis]) -> pl.DataFrame | No
     ).sort(pl.col("kind") != "step", "kind")
 
 
-def _table(attr: Attribution, span_delta_us: float) -> pl.DataFrame:
+def _table(attr: Attribution, span_delta_us: float, recorded: pl.DataFrame) -> pl.DataFrame:
     """One row per player: the edit's name, kind, family, layers, contribution and its share of
-    the measured span delta; sorted by |contribution|."""
+    the measured span delta, and the recorded change of the kernels whose duration it owns
+    (`recorded_us`, and per layer); sorted by |contribution|."""
     share = (pl.col("contribution_us") / span_delta_us) if abs(span_delta_us) > 0 else pl.lit(None, pl.Float64)
     return attr.players.select(
         "player", pl.col("label").alias("edit"), "kind", "detail", "family",
         "layers",
         (pl.col("contribution_ns") / 1e3).alias("contribution_us"), (pl.col("stderr_ns") / 1e3).alias("stderr_us"),
         "edits", "kernels",
-    ).with_columns(share.alias("share")).sort(pl.col("contribution_us").abs(), descending=True)
+    ).with_columns(share.alias("share")).join(recorded, on="player", how="left").with_columns(
+        pl.col("recorded_by_layer").fill_null(pl.lit([], dtype=recorded.schema["recorded_by_layer"])),
+    ).sort(pl.col("contribution_us").abs(), "player", descending=[True, False])
+
+
+def _recorded_by_player(recorded: pl.DataFrame) -> pl.DataFrame:
+    """player, recorded_us (null where it owns no duration), recorded_by_layer (layer, recorded_us)."""
+    return recorded.group_by("player").agg(
+        (pl.col("recorded_ns").sum() / 1e3).alias("recorded_us"),
+        pl.struct("layer", (pl.col("recorded_ns") / 1e3).alias("recorded_us")).sort_by("layer").alias(
+            "recorded_by_layer"))
 
 
 def _noise(old: Sequence[Analysis], new: Sequence[Analysis], key: str) -> tuple[float | None, str | None]:
@@ -357,7 +368,7 @@ def diff(old: Sequence[Analysis], new: Sequence[Analysis], *, seed: int = 0) -> 
     # A coupled pair's rows must each lie beyond the span's noise band (coupling.py).
     attr = attribute(g_old, g_new, match, seed=seed,
                      coupling_floor_ns=max(FLOOR_NS, (span_band or 0.0) * 1e3))
-    table = _table(attr, span_delta)
+    table = _table(attr, span_delta, _recorded_by_player(attr.recorded))
     coupled = attr.coupled.join(table.select("player", "edit", "kind", "family", "layers", "contribution_us"),
                                 on="player").sort("group", "player")
     modelled = attr.modelled_ns / 1e3

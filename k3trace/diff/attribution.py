@@ -30,6 +30,7 @@ class Attribution:
     players: pl.DataFrame      # player, kind, detail, family, label, layers, edits, kernels, contribution_ns, stderr_ns
     edits: pl.DataFrame        # elementary edits with their player
     coupled: pl.DataFrame      # group, player: players whose recorded time traded across PDL edges
+    recorded: pl.DataFrame     # player, layer, recorded_ns: the recorded duration change of the kernels it owns
     base_span_ns: float        # replayed old span
     new_span_ns: float         # replayed with every edit applied (the new build's graph)
     exact: bool                # Shapley values exact (few players) or sampled
@@ -62,6 +63,24 @@ def attribute(old: StepGraph, new: StepGraph, match: pl.DataFrame, *, seed: int 
             raise ValueError(f"replayed span with {name} is not finite")
     coupled = pdl_coupled(script, np.asarray(result.values, dtype=np.float64),
                           np.asarray(result.stderr, dtype=np.float64), coupling_floor_ns)
-    return Attribution(players=players, edits=script.edits, coupled=coupled, base_span_ns=result.none,
+    return Attribution(players=players, edits=script.edits, coupled=coupled, recorded=recorded_change(script),
+                       base_span_ns=result.none,
                        new_span_ns=result.all,
                        exact=result.exact, orders=result.orders, evaluations=result.evaluations)
+
+
+def recorded_change(script: edit_script.EditScript) -> pl.DataFrame:
+    """player, layer, recorded_ns: the change in recorded duration (new - old, the step graphs'
+    means over stable steps) of the kernels whose duration each player owns, summed per layer.
+    Beside a contribution it says how much of a kernel's own change the step took, and where
+    along the depth the change landed: a router 3.2-3.9 us faster a call in five MoE layers and
+    unchanged in two, of which the step took nothing."""
+    union, owner = script.union, script.owner_duration
+    owned = np.nonzero(owner >= 0)[0]
+    return pl.DataFrame({
+        "player": owner[owned],
+        "layer": pl.Series([union.layer[u] for u in owned], dtype=pl.Int64),
+        "recorded_ns": (union.dur_new - union.dur_old)[owned],
+    }, schema={"player": pl.Int64, "layer": pl.Int64, "recorded_ns": pl.Float64}).group_by(
+        "player", "layer").agg(pl.col("recorded_ns").sum()).sort("player", "layer", nulls_last=True)
+

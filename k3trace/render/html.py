@@ -303,6 +303,8 @@ ATTRIBUTION_COLUMNS = [
     Column("share", "share", "share", title="of the measured span change"),
     Column("edits", "edits", "int", title="elementary edits (one per layer and kernel) in this row"),
     Column("kernels", "kernels", "int"),
+    Column("recorded_us", "recorded (us/step)", "signed", 2,
+           "the row's kernels' own duration change, summed over layers (empty where it owns no duration)"),
 ]
 
 

@@ -254,19 +254,29 @@ def attribution_table(d, top: int = 15) -> RenderableType:
     t = Table(title=f"what moved the step span: edits, Shapley contributions on the replayed step graph "
                     f"(top {top}){partial}")
     for col, just in (("edit", "left"), ("kind", "left"), ("family", "left"), ("layers", "left"),
-                      ("us/step", "right"), ("+-", "right"), ("share", "right")):
+                      ("us/step", "right"), ("+-", "right"), ("share", "right"), ("recorded", "right"),
+                      ("by layer", "right")):
         t.add_column(col, justify=just, overflow="fold" if col == "edit" else "ellipsis",
                      max_width=60 if col == "edit" else None)
     for r in d.attribution.head(top).iter_rows(named=True):
         kind = r["kind"] + (f" ({r['detail']})" if r["detail"] and "replacement" in r["kind"] else "")
         t.add_row(r["edit"], kind, r["family"], layer_text(r["layers"]), _signed(r["contribution_us"]),
-                  "" if d.exact else f"{r['stderr_us']:.2f}", _share(r["share"]))
+                  "" if d.exact else f"{r['stderr_us']:.2f}", _share(r["share"]),
+                  "" if r["recorded_us"] is None else _signed(r["recorded_us"]), _recorded_range(r["recorded_by_layer"]))
     rest = d.attribution.tail(max(d.attribution.height - top, 0))
-    t.caption = (f"{rest.height} more edits {_signed(float(rest['contribution_us'].sum()))} us; "
+    t.caption = (f"recorded: the row's kernels' own duration change (us/step), and by layer its lowest and "
+                 f"highest; {rest.height} more edits {_signed(float(rest['contribution_us'].sum()))} us; "
                  f"all edits replayed {_signed(d.modelled_us)} us = sum of contributions; mean step "
                  f"{_signed(d.mean_span_delta_us)} us (residual {_signed(d.residual_us)} us); median step "
                  f"{_signed(d.span_delta_us)} us (median vs mean {_signed(d.skew_us)} us)")
     return t
+
+
+def _recorded_range(by_layer: list[dict]) -> str:
+    if len(by_layer) < 2:
+        return ""
+    values = [x["recorded_us"] for x in by_layer]
+    return f"{_signed(min(values))}..{_signed(max(values))}"
 
 
 def read_together_table(d) -> RenderableType | None:
