@@ -79,6 +79,21 @@ def windows_us(r, starts_run, run_length) -> float:
     return statistics.mean(per_step) / 1e3
 
 
+def run_durations_us(r, starts_run, run_length) -> float:
+    """As windows_us, but the runs' own kernel durations summed (no gaps)."""
+    per_step = []
+    for s in r.stable:
+        ks, total, i = s.kernels, 0, 1
+        while i < len(ks):
+            if starts_run(ks[i - 1], ks[i]):
+                total += sum(k.dur for k in ks[i:i + run_length])
+                i += run_length
+            else:
+                i += 1
+        per_step.append(total)
+    return statistics.mean(per_step) / 1e3
+
+
 def family_window_us(r, family) -> float:
     """Mean over stable steps of the family's segment windows (serial single-stream code:
     from the end of the kernel before a segment to the end of the segment's last kernel)."""
@@ -483,6 +498,16 @@ def test_hf_rmsnorm_fusion(analysis, ref):
     check_changed(d, fusions, truth, drift_us=drift)
     # The fusion holds at least 90% of the mean step's change once the drift is set apart.
     assert total(fusions) <= 0.9 * (d.mean_span_delta_us - drift)
+    # What the replaced kernels recorded themselves (the fused norm's time less the eight
+    # kernels'), from the raw rows: the contribution is larger, the seven gaps going too.
+    recorded = (run_durations_us(ref(new), is_norm_start, 1)
+                - run_durations_us(ref(old), is_norm_start, HF_RMSNORM_KERNELS))
+    assert float(fusions["recorded_us"].sum()) == pytest.approx(recorded, abs=0.05)
+    assert total(fusions) < float(fusions["recorded_us"].sum()) < 0
+    per_layer = [x["recorded_us"] for by in fusions["recorded_by_layer"].to_list() for x in by]
+    assert len(per_layer) == HF_NORMS_PER_STEP  # one per (family, layer): attn and mlp in each layer, the head
+    # Each norm's own change near the standalone one (hf_llama's norm alone, eager against fused).
+    assert per_layer == pytest.approx([HF_RMSNORM_FUSED_US - HF_RMSNORM_EAGER_US] * HF_NORMS_PER_STEP, rel=0.35)
 
 
 def test_hf_rmsnorm_fusion_without_labels(analysis):
@@ -499,6 +524,20 @@ def test_hf_rmsnorm_fusion_without_labels(analysis):
     assert int(fusion["edits"].sum()) == HF_NORMS_PER_STEP
     assert int(fusion["kernels"].sum()) == HF_NORMS_PER_STEP * (HF_RMSNORM_KERNELS + 1)
     assert total(fusion) <= 0.85 * d.span_delta_us
+
+
+def test_hf_fusion_recorded_in_its_own_layers_when_labels_straddle(analysis):
+    # The eager-labelled base against the fused build captured before the window (labels
+    # inferred): one fused norm of a run can carry the next layer's label. What the run
+    # recorded belongs to the run's layer, the layer its row names, once per norm.
+    d = diff([analysis("hf_base_a")], [analysis("hf_before_norm_fused_a")])
+    fusion = rows(d, kind="replacement")
+    per_norm = []
+    for layers, by_layer in fusion.select("layers", "recorded_by_layer").iter_rows():
+        assert [x["layer"] for x in by_layer] == layers
+        per_norm += [x["recorded_us"] for x in by_layer]
+    assert len(per_norm) == HF_NORMS_PER_STEP
+    assert per_norm == pytest.approx([HF_RMSNORM_FUSED_US - HF_RMSNORM_EAGER_US] * HF_NORMS_PER_STEP, rel=0.35)
 
 
 def test_hf_kernel_added(analysis, ref):

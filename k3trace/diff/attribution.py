@@ -71,15 +71,18 @@ def attribute(old: StepGraph, new: StepGraph, match: pl.DataFrame, *, seed: int 
 
 def recorded_change(script: edit_script.EditScript) -> pl.DataFrame:
     """player, layer, recorded_ns: the change in recorded duration (new - old, the step graphs'
-    means over stable steps) of the kernels whose duration each player owns, summed per layer.
-    Beside a contribution it says how much of a kernel's own change the step took, and where
-    along the depth the change landed: a router 3.2-3.9 us faster a call in five MoE layers and
-    unchanged in two, of which the step took nothing."""
-    union, owner = script.union, script.owner_duration
+    means over stable steps; 0 on the side a kernel is absent from) of the kernels whose
+    duration or presence each player owns, summed per layer: a duration edit's kernels, or a
+    replacement's removed and added ones. Beside a contribution it says how much of a kernel's
+    own change the step took, and where along the depth the change landed: a router 3.2-3.9 us
+    faster a call in five MoE layers and unchanged in two, of which the step took nothing."""
+    union = script.union
+    # Disjoint: durations are owned on matched kernels, presence on added and removed ones.
+    owner = np.where(script.owner_duration >= 0, script.owner_duration, script.owner_presence)
     owned = np.nonzero(owner >= 0)[0]
     return pl.DataFrame({
         "player": owner[owned],
-        "layer": pl.Series([union.layer[u] for u in owned], dtype=pl.Int64),
+        "layer": pl.Series(script.edit_layer[owned].tolist(), dtype=pl.Int64),
         "recorded_ns": (union.dur_new - union.dur_old)[owned],
     }, schema={"player": pl.Int64, "layer": pl.Int64, "recorded_ns": pl.Float64}).group_by(
         "player", "layer").agg(pl.col("recorded_ns").sum()).sort("player", "layer", nulls_last=True)

@@ -85,6 +85,7 @@ class EditScript:
     owner_presence: np.ndarray  # int [U]: player adding/removing the node, or -1
     players: pl.DataFrame      # player, kind, detail, family, label, layers (list), edits, kernels
     edits: pl.DataFrame        # one row per elementary edit: edit, player, kind, detail, family, layer, label
+    edit_layer: np.ndarray     # object [U]: the layer of the node's edit (a replacement's: its run's first kernel's)
 
 
 def _describe(names: list[str]) -> str:
@@ -236,6 +237,9 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
 
     # Replacements: one edit per run, keyed across layers by family and the names involved.
     run_player: dict[int, int] = {}
+    # A run's kernels can carry two labels (a fused kernel placed past the layer boundary by
+    # its donor's labels): its edit, and what it recorded, belong to the run's layer.
+    edit_layer = np.array(layer, dtype=object)
     by_run = match.filter(pl.col("run").is_not_null()).group_by("run", maintain_order=True).agg(
         "u", "kind", "name", pl.col("family").first(), pl.col("layer").first())
     for run, us, kinds, run_names, fam, lay in by_run.iter_rows():
@@ -246,6 +250,7 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
                          family=fam, label=label, layer=lay, kernels=len(us))
         run_player[run] = p
         owner_pres[us] = p
+        edit_layer[us] = lay
     structural = [u for u in range(n) if kind[u] in (ONLY_OLD, ONLY_NEW)]
     if structural:
         only_old = sorted({layer[u] for u in structural if kind[u] == ONLY_OLD}, key=lambda x: -1 if x is None else x)
@@ -316,7 +321,7 @@ def build(old: StepGraph, new: StepGraph, match: pl.DataFrame) -> EditScript:
             owners = sorted({int(o) for o in owner_in[block] if o >= 0})
             for other in owners[1:]:
                 players.merge(owners[0], other)
-    return _finish(players, owner_in, owner_dur, owner_pres, UnionGraph(
+    return _finish(players, owner_in, owner_dur, owner_pres, edit_layer, UnionGraph(
         names=names, family=family, layer=layer, present_old=has_old, present_new=has_new,
         dur_old=dur_o, dur_new=dur_n, preds_old=preds_o, lags_old=lags_o, launch_old=launch_o,
         preds_new=preds_n, lags_new=lags_n, launch_new=launch_n, pdl_pred_old=pdl_pred_o,
@@ -340,7 +345,7 @@ def _dependency_label(items: list[tuple[int, str]], names: list[str]) -> str:
 
 
 def _finish(players: _Players, owner_in: np.ndarray, owner_dur: np.ndarray, owner_pres: np.ndarray,
-            union: UnionGraph) -> EditScript:
+            edit_layer: np.ndarray, union: UnionGraph) -> EditScript:
     """Renumber merged players 0..P-1 and tabulate them."""
     roots = sorted({players.find(p) for p in range(len(players.parent))})
     index = {r: i for i, r in enumerate(roots)}
@@ -367,7 +372,7 @@ def _finish(players: _Players, owner_in: np.ndarray, owner_dur: np.ndarray, owne
         pl.col("edits").sum(), pl.col("kernels").sum(),
     ).sort("player")
     return EditScript(union=union, owner_inputs=remap(owner_in), owner_duration=remap(owner_dur),
-                      owner_presence=remap(owner_pres), players=table, edits=edits)
+                      owner_presence=remap(owner_pres), players=table, edits=edits, edit_layer=edit_layer)
 
 
 __all__ = ["DEPENDENCY", "DURATION", "EditScript", "GAP", "REPLACEMENT", "STRUCTURE", "SLOTS", "UnionGraph", "build"]
