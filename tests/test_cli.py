@@ -81,7 +81,7 @@ def test_diff_fail_on_slower_and_markdown(trace_sqlite, cache_dir):
     assert invoke("diff", slow, base, "--fail-on", "slower", *cache).exit_code == 0
     assert invoke("diff", base, str(trace_sqlite("small_inside_b")), "--fail-on", "slower", *cache).exit_code == 0
     md = invoke("diff", base, slow, "--format", "markdown", *cache)
-    assert md.exit_code == 0 and "| edit | kind | family | layers | us/step | share |" in md.stdout
+    assert md.exit_code == 0 and "| edit | kind | family | layers | us/step | share | recorded us/step |" in md.stdout
     for bad in (["--format", "yaml"], ["--fail-on", "faster"]):
         result = invoke("diff", base, slow, *bad, *cache)
         assert result.exit_code == 2

@@ -4,6 +4,7 @@ Markdown table for pull requests (the attribution itself: test_diff_pairs.py).""
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 
 from k3trace.analyses import stepgraph
@@ -65,9 +66,12 @@ def test_markdown_for_a_pull_request(analysis):
     assert lines[0].startswith("**k3trace diff**") and "SLOWER" in md
     tables = [[ln for ln in block.splitlines() if ln.startswith("|")] for block in md.split("\n\n")]
     table, segments = [t for t in tables if t]
-    assert table[0] == "| edit | kind | family | layers | us/step | share |" and table[1].startswith("|---")
+    assert table[0] == "| edit | kind | family | layers | us/step | share | recorded us/step |"
+    assert table[1].startswith("|---")
     assert "moe_router_kernel -> moe_router_group_kernel + moe_router_merge_kernel" in table[2]
-    assert all(ln.count("|") >= 7 for ln in table)  # no cell broke the table
+    split = d.attribution.filter(pl.col("edit").str.starts_with("moe_router_kernel ->"))
+    assert table[2].split(" | ")[-1].rstrip(" |") == f"{split['recorded_us'][0]:+.2f}"  # the replacement's own change
+    assert all(ln.count("|") >= 8 for ln in table)  # no cell broke the table
     assert table[-1].startswith("| median vs mean step")
     # where along the model: the diff's segment kinds, by the size of their change
     assert segments[0] == "| segment | per step | time us | us/step |"

@@ -504,6 +504,7 @@ def test_hf_rmsnorm_fusion(analysis, ref):
                 - run_durations_us(ref(old), is_norm_start, HF_RMSNORM_KERNELS))
     assert float(fusions["recorded_us"].sum()) == pytest.approx(recorded, abs=0.05)
     assert total(fusions) < float(fusions["recorded_us"].sum()) < 0
+    assert d.not_taken().is_empty()  # the step took all of it, and more
     per_layer = [x["recorded_us"] for by in fusions["recorded_by_layer"].to_list() for x in by]
     assert len(per_layer) == HF_NORMS_PER_STEP  # one per (family, layer): attn and mlp in each layer, the head
     # Each norm's own change near the standalone one (hf_llama's norm alone, eager against fused).
@@ -824,3 +825,6 @@ def test_a_faster_router_the_front_hides_is_not_the_steps_change(analysis, ref):
     assert row["recorded_us"] == pytest.approx(sum(want.values()), abs=0.01)
     assert all(abs(want[layer]) < 0.5 for layer in (3, 7)), want
     assert all(want[layer] < -3.0 for layer in want.keys() - {3, 7}), want
+    # The one row whose own change the step did not take, and it is named as such.
+    assert d.not_taken()["edit"].to_list() == ["moe_router_kernel"]
+    assert "did not take" in render_text(d)

@@ -30,6 +30,9 @@ FAMILY_FIELDS = ("segments_per_step", "device_busy_us", "two_stream_residency_us
 #: The replay explains a change when it lands within this share of the measured span delta
 #: (or within the span's noise band, whichever is larger).
 EXPLAINED_SHARE = 0.02
+#: A row's recorded change the step did not take (Diff.not_taken): at least this many us a
+#: step (or the span's noise band), and the step took less than this share of it.
+NOT_TAKEN_FLOOR_US, NOT_TAKEN_SHARE = 1.0, 0.25
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,18 @@ class Diff:
             "edit": pl.String, "edit_kind": pl.String, "detail": pl.String, "family": pl.String,
             "layers": pl.List(pl.Int64), "stderr_us": pl.Float64}, orient="row")
 
+    def not_taken(self) -> pl.DataFrame:
+        """Rows whose kernels' own recorded change is real (at least max(1 us, the span's noise
+        band) a step) but of which the replayed step took less than NOT_TAKEN_SHARE: a kernel
+        made faster beside the other stream, or ahead of a wait that holds the step anyway.
+        What an engineer measures standalone and does not see in the ITL; largest first."""
+        floor = max(NOT_TAKEN_FLOOR_US, self.span_noise_band_us or 0.0)
+        return self.attribution.filter(
+            pl.col("recorded_us").abs() >= floor,
+            pl.col("contribution_us").abs() < NOT_TAKEN_SHARE * pl.col("recorded_us").abs(),
+        ).sort(pl.col("recorded_us").abs(), descending=True).select(
+            "edit", "kind", "family", "layers", "recorded_us", "contribution_us", "recorded_by_layer")
+
     def read_together(self) -> list[dict[str, Any]]:
         """The groups of attribution rows whose recorded time moved across PDL edges, or whose
         join inferred from timing moved with a leg (coupling.py): a replacement's released rows
@@ -229,6 +244,8 @@ class Diff:
                 for player, row in zip(self.attribution["player"].to_list(), self.attribution.select(
                     "edit", "kind", "detail", "family", "layers", "contribution_us", "stderr_us", "share", "edits",
                     "kernels", "recorded_us", "recorded_by_layer").to_dicts())],
+            "not_taken": self.not_taken().select("edit", "kind", "family", "layers", "recorded_us",
+                                                 "contribution_us").to_dicts(),
             "replayed_old_span_us": self.base_span_us,
             "modelled_us": self.modelled_us,
             "mean_span_delta_us": self.mean_span_delta_us,

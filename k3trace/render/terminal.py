@@ -279,6 +279,21 @@ def _recorded_range(by_layer: list[dict]) -> str:
     return f"{_signed(min(values))}..{_signed(max(values))}"
 
 
+def not_taken_table(d) -> RenderableType | None:
+    rows = d.not_taken()
+    if rows.is_empty():
+        return None
+    t = Table(title="recorded changes the step did not take: the rows' kernels changed, the replayed step "
+                    "took under a quarter of it (beside the other stream, or ahead of a wait that holds the step)")
+    for col, just in (("edit", "left"), ("kind", "left"), ("family", "left"), ("layers", "left"),
+                      ("recorded us/step", "right"), ("by layer", "right"), ("taken us/step", "right")):
+        t.add_column(col, justify=just, overflow="fold")
+    for r in rows.iter_rows(named=True):
+        t.add_row(r["edit"], r["kind"], r["family"], layer_text(r["layers"]), _signed(r["recorded_us"]),
+                  _recorded_range(r["recorded_by_layer"]), _signed(r["contribution_us"]))
+    return t
+
+
 def read_together_table(d) -> RenderableType | None:
     groups = d.read_together()
     if not groups:
@@ -350,9 +365,11 @@ def diff_segments(d) -> RenderableType | None:
 
 def render_diff(d) -> RenderableType:
     together = read_together_table(d)
+    untaken = not_taken_table(d)
     dram = diff_dram(d)
     segments = diff_segments(d)
-    return Group(diff_header(d), attribution_table(d), *([together] if together else []), diff_families(d),
+    return Group(diff_header(d), attribution_table(d), *([together] if together else []),
+                 *([untaken] if untaken else []), diff_families(d),
                  *([segments] if segments is not None else []), *([dram] if dram is not None else []))
 
 
@@ -371,19 +388,19 @@ def diff_markdown(d, top: int = 10) -> str:
         f"(residual {d.residual_us:+.2f} us; the median step moved {d.skew_us:+.2f} us more)",
         *(f"- note: {cell(c)}" for c in d.caveats()),
         "",
-        "| edit | kind | family | layers | us/step | share |",
-        "|---|---|---|---|---:|---:|",
+        "| edit | kind | family | layers | us/step | share | recorded us/step |",
+        "|---|---|---|---|---:|---:|---:|",
     ]
     for r in d.attribution.head(top).iter_rows(named=True):
         kind = r["kind"] + (f" ({r['detail']})" if r["detail"] else "")
+        recorded = "" if r["recorded_us"] is None else f"{r['recorded_us']:+.2f}"
         lines.append(f"| {cell(r['edit'])} | {cell(kind)} | {cell(r['family'])} | {layer_text(r['layers'])} | "
-                     
-                     f"{r['contribution_us']:+.2f} | {_share(r['share'])} |")
+                     f"{r['contribution_us']:+.2f} | {_share(r['share'])} | {recorded} |")
     rest = d.attribution.tail(max(d.attribution.height - top, 0))
     if rest.height:
-        lines.append(f"| {rest.height} more edits | | | | {float(rest['contribution_us'].sum()):+.2f} | |")
-    lines.append(f"| residual (not modelled) | | | | {d.residual_us:+.2f} | |")
-    lines.append(f"| median vs mean step | | | | {d.skew_us:+.2f} | |")
+        lines.append(f"| {rest.height} more edits | | | | {float(rest['contribution_us'].sum()):+.2f} | | |")
+    lines.append(f"| residual (not modelled) | | | | {d.residual_us:+.2f} | | |")
+    lines.append(f"| median vs mean step | | | | {d.skew_us:+.2f} | | |")
     groups = d.read_together()
     if groups:
         lines += ["", f"Read together: {READ_TOGETHER}."]
