@@ -25,6 +25,7 @@ import pytest
 
 from k3trace.diff import diff
 from k3trace.diff.coupling import REASONS
+from k3trace.render.html import write_diff_page
 from k3trace.render.terminal import diff_markdown, render_diff
 from k3trace.diff.noise import FASTER, SLOWER, WITHIN_NOISE
 
@@ -792,7 +793,7 @@ def test_hf_side_leg_whose_join_moved_is_read_with_it(analysis, ref):
     assert abs(groups[0]["sum_us"] - span / 1e3) <= max(3 * band, 1.0), (groups[0]["sum_us"], span / 1e3)
 
 
-def test_a_faster_router_the_front_hides_is_not_the_steps_change(analysis, ref):
+def test_a_faster_router_the_front_hides_is_not_the_steps_change(analysis, ref, tmp_path):
     # router_bitonic (c72 -> c89, one run each, recorded on an H100 in one call): the router's
     # top-k as one bitonic network, 2.06 us faster a call alone (bench/router_parts.py). Its
     # raw rows fall by more than a microsecond a call, and the step does not follow: in every
@@ -828,3 +829,5 @@ def test_a_faster_router_the_front_hides_is_not_the_steps_change(analysis, ref):
     # The one row whose own change the step did not take, and it is named as such.
     assert d.not_taken()["edit"].to_list() == ["moe_router_kernel"]
     assert "did not take" in render_text(d)
+    write_diff_page(d, tmp_path / "diff.html")
+    assert "<li>moe_router_kernel (duration, moe): recorded <b>" in (tmp_path / "diff.html").read_text()

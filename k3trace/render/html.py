@@ -318,6 +318,17 @@ def _read_together(d) -> str:
     return f"<p>Read together: {esc(READ_TOGETHER)}.</p><ul class='findings'>{items}</ul>"
 
 
+def _not_taken(d) -> str:
+    rows = d.not_taken()
+    if rows.is_empty():
+        return ""
+    items = "".join(
+        f"<li>{esc(r['edit'])} ({esc(r['kind'])}, {esc(r['family'])}): recorded <b>{r['recorded_us']:+,.2f} us/step</b>"
+        f", the step took {r['contribution_us']:+,.2f}</li>" for r in rows.iter_rows(named=True))
+    return ("<p>Recorded changes the step did not take (the replayed step took under a quarter of them: beside the "
+            f"other stream, or ahead of a wait that holds the step):</p><ul class='findings'>{items}</ul>")
+
+
 def _verdict(label: str, delta: float | None, band: float | None, source: str | None, verdict: str) -> str:
     band_text = "no noise band" if band is None else f"noise band ±{band:.2f} us ({esc(source)})"
     shown = "-" if delta is None else f"{delta:+,.2f} us"
@@ -366,6 +377,7 @@ def diff_page(d) -> str:
                  d.span_noise_band_us, d.noise_source))
              + html_table(d.attribution, ATTRIBUTION_COLUMNS, caption="every edit, by |contribution|")
              + _read_together(d)
+             + _not_taken(d)
              + _matching(d))
     dists = sides.step_distributions(d.old, d.new)
     centrals = {m: {"old": sides.central(d.old, m), "new": sides.central(d.new, m)} for m in ("period", "span")}
