@@ -337,8 +337,8 @@ def _dram(old: Sequence[Analysis], new: Sequence[Analysis]) -> pl.DataFrame | No
 
 def _table(attr: Attribution, span_delta_us: float, recorded: pl.DataFrame) -> pl.DataFrame:
     """One row per player: the edit's name, kind, family, layers, contribution and its share of
-    the measured span delta, and the recorded change of the kernels whose duration it owns
-    (`recorded_us`, and per layer); sorted by |contribution|."""
+    the measured span delta, and the recorded change of the kernels it owns (a duration edit's,
+    a replacement's added and removed ones: `recorded_us`, and per layer); sorted by |contribution|."""
     share = (pl.col("contribution_us") / span_delta_us) if abs(span_delta_us) > 0 else pl.lit(None, pl.Float64)
     return attr.players.select(
         "player", pl.col("label").alias("edit"), "kind", "detail", "family",
@@ -351,7 +351,8 @@ def _table(attr: Attribution, span_delta_us: float, recorded: pl.DataFrame) -> p
 
 
 def _recorded_by_player(recorded: pl.DataFrame) -> pl.DataFrame:
-    """player, recorded_us (null where it owns no duration), recorded_by_layer (layer, recorded_us)."""
+    """player, recorded_us (null where it owns no kernel's duration or presence), recorded_by_layer
+    (layer, recorded_us)."""
     return recorded.group_by("player").agg(
         (pl.col("recorded_ns").sum() / 1e3).alias("recorded_us"),
         pl.struct("layer", (pl.col("recorded_ns") / 1e3).alias("recorded_us")).sort_by("layer").alias(

@@ -30,7 +30,7 @@ class Attribution:
     players: pl.DataFrame      # player, kind, detail, family, label, layers, edits, kernels, contribution_ns, stderr_ns
     edits: pl.DataFrame        # elementary edits with their player
     coupled: pl.DataFrame      # group, player: players whose recorded time traded across PDL edges
-    recorded: pl.DataFrame     # player, layer, recorded_ns: the recorded duration change of the kernels it owns
+    recorded: pl.DataFrame     # player, layer, recorded_ns: recorded duration change of the kernels it owns (recorded_change)
     base_span_ns: float        # replayed old span
     new_span_ns: float         # replayed with every edit applied (the new build's graph)
     exact: bool                # Shapley values exact (few players) or sampled

@@ -304,7 +304,8 @@ ATTRIBUTION_COLUMNS = [
     Column("edits", "edits", "int", title="elementary edits (one per layer and kernel) in this row"),
     Column("kernels", "kernels", "int"),
     Column("recorded_us", "recorded (us/step)", "signed", 2,
-           "the row's kernels' own duration change, summed over layers (empty where it owns no duration)"),
+           "the row's kernels' own duration change (a replacement's: added less removed), summed over layers; "
+           "empty where the row owns no kernel"),
 ]
 
 
