@@ -261,6 +261,20 @@ def test_public_replay(name, tmp_path):
     layer_of = stepped.filter(pl.col("step").is_not_null())["layer"].to_list()
     assert [layer_of[i] for i in attention] == list(range(len(attention)))
     assert a["labels"]["inferred"][0]["layers"] == len(attention)
+    # One step: each call site is one call, so a kernel's sites are its calls in the replay and
+    # their lowest and highest medians its shortest and longest call (Kineto's dur, us; the
+    # replay's kernels in start order are the step's, named as k3trace names them).
+    durs: dict[str, list[float]] = {}
+    for kernel, e in zip(stepped.filter(pl.col("step").is_not_null())["name"].to_list(), run, strict=True):
+        durs.setdefault(kernel, []).append(float(e["dur"]))
+    sites: dict[str, list[dict]] = {}
+    for k in a["kernels"]:
+        sites.setdefault(k["name"], []).append(k)
+    assert sites.keys() == durs.keys()
+    for kernel, rows in sites.items():
+        assert sum(r["sites"] for r in rows) == len(durs[kernel]), kernel
+        assert min(r["site_median_min_us"] for r in rows) == pytest.approx(min(durs[kernel]), abs=1e-3), kernel
+        assert max(r["site_median_max_us"] for r in rows) == pytest.approx(max(durs[kernel]), abs=1e-3), kernel
 
 
 ATTENTION_KERNEL = re.compile(r"(?i)sdpa|flash|fmha|attention")
